@@ -1,0 +1,394 @@
+//! The `wharf.toml` file: brokers, tenants and their mounts.
+//!
+//! Loading refuses anything it does not understand, naming the file, the line
+//! and the key: unknown keys, bad durations or sizes, duplicate names, missing
+//! modules, dead-letter addresses that would loop back to the subscription.
+
+mod units;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+pub use units::{parse_duration, parse_size};
+
+/// A configuration that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file `{path}`: {source}")]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// Why reading failed.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not fit the schema.
+    #[error("config file `{path}`: {message}")]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's report, with line and column.
+        message: String,
+    },
+    /// The file parses but says something wharf refuses.
+    #[error("config file `{path}`, line {line}: {message}")]
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// The line of the offending key.
+        line: usize,
+        /// What is wrong and where (tenant, mount, key).
+        message: String,
+    },
+}
+
+/// How a mount's receiver settles deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Settle {
+    /// Deliveries stay unsettled until the handler's outcome is known.
+    #[default]
+    AtLeastOnce,
+    /// Deliveries arrive settled; the broker forgets them on sending.
+    AtMostOnce,
+}
+
+impl fmt::Display for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Settle::AtLeastOnce => "at-least-once",
+            Settle::AtMostOnce => "at-most-once",
+        })
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The default broker connection.
+    pub broker: Broker,
+    /// Host-wide settings.
+    pub host: HostSettings,
+    /// Every tenant, in file order.
+    pub tenants: Vec<Tenant>,
+}
+
+/// Where the broker is.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Broker {
+    /// `amqp://user:password@host:port`.
+    pub url: String,
+    /// The container id wharf announces when it opens the connection.
+    #[serde(default = "default_container_id")]
+    pub container_id: String,
+}
+
+/// Settings for the whole process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSettings {
+    /// On SIGINT/SIGTERM, how long in-flight handlers may still run before
+    /// their deliveries are left to the broker to redeliver.
+    #[serde(default = "default_grace", deserialize_with = "units::duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HostSettings {
+    fn default() -> Self {
+        HostSettings {
+            shutdown_grace: default_grace(),
+        }
+    }
+}
+
+/// A team sharing the host: a name and its mounts.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Unique among tenants.
+    pub name: String,
+    /// The tenant's subscriptions, in file order.
+    pub mounts: Vec<Mount>,
+}
+
+/// One subscription: a broker address whose deliveries run one module.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mount {
+    /// Unique within its tenant.
+    pub name: String,
+    /// The handler component, resolved against the config file's folder.
+    pub module: PathBuf,
+    /// The broker node the receiver attaches to and copies are published to.
+    pub address: String,
+    /// How deliveries are settled.
+    pub settle: Settle,
+    /// The attempt at which a failing message stops being retried.
+    pub max_attempts: Option<u32>,
+    /// Where messages go when they stop being retried.
+    pub dead_letter: Option<String>,
+    /// Link credit: how many deliveries the broker may send ahead.
+    pub credit: u32,
+    /// How many handlers of this mount may run at once.
+    pub concurrency: u32,
+    /// How long one handler call may run.
+    pub timeout: Duration,
+    /// How much linear memory one handler instance may grow to, in bytes.
+    pub memory: u64,
+    /// The longest `retry-after` delay honoured; longer ones are shortened.
+    pub max_retry_delay: Duration,
+}
+
+impl Mount {
+    /// Default link credit.
+    pub const DEFAULT_CREDIT: u32 = 64;
+    /// Default number of handlers running at once.
+    pub const DEFAULT_CONCURRENCY: u32 = 8;
+    /// Default time budget per delivery.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Default memory budget per instance.
+    pub const DEFAULT_MEMORY: u64 = 64 << 20;
+    /// Default ceiling for `retry-after` delays.
+    pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
+}
+
+fn default_container_id() -> String {
+    "wharf".to_owned()
+}
+
+fn default_grace() -> Duration {
+    Duration::from_secs(30)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    broker: Broker,
+    #[serde(default)]
+    host: HostSettings,
+    #[serde(default, rename = "tenant")]
+    tenants: Vec<RawTenant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: Spanned<String>,
+    #[serde(default, rename = "mount")]
+    mounts: Vec<RawMount>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMount {
+    name: Spanned<String>,
+    module: Spanned<PathBuf>,
+    address: Spanned<String>,
+    #[serde(default)]
+    settle: Settle,
+    max_attempts: Option<Spanned<u32>>,
+    dead_letter: Option<Spanned<String>>,
+    credit: Option<Spanned<u32>>,
+    concurrency: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_size")]
+    memory: Option<Spanned<u64>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    max_retry_delay: Option<Spanned<Duration>>,
+}
+
+fn optional_duration<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Spanned<Duration>>, D::Error> {
+    let text = Spanned::<String>::deserialize(d)?;
+    let span = text.span();
+    let value = parse_duration(text.get_ref()).map_err(serde::de::Error::custom)?;
+    Ok(Some(Spanned::new(span, value)))
+}
+
+fn optional_size<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Spanned<u64>>, D::Error> {
+    let raw = Spanned::<toml::Value>::deserialize(d)?;
+    let span = raw.span();
+    let value = match raw.get_ref() {
+        toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| format!("`{n}` is negative")),
+        toml::Value::String(text) => parse_size(text),
+        other => Err(format!("expected a size such as \"64MiB\", found {}", other.type_str())),
+    }
+    .map_err(serde::de::Error::custom)?;
+    Ok(Some(Spanned::new(span, value)))
+}
+
+impl Config {
+    /// Reads, parses and validates a config file. Relative module paths are
+    /// resolved against the file's folder.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates config text; `path` names it in errors and
+    /// anchors relative module paths.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let checker = Checker { path, text };
+        let mut tenants = Vec::with_capacity(raw.tenants.len());
+        let mut tenant_names = HashSet::new();
+        for tenant in raw.tenants {
+            checker.name("tenant", &tenant.name)?;
+            if !tenant_names.insert(tenant.name.get_ref().clone()) {
+                return Err(checker.invalid(
+                    &tenant.name,
+                    format!("duplicate tenant name `{}`", tenant.name.get_ref()),
+                ));
+            }
+            let tenant_name = tenant.name.into_inner();
+            let mut mount_names = HashSet::new();
+            let mut mounts = Vec::with_capacity(tenant.mounts.len());
+            for mount in tenant.mounts {
+                let here = format!("tenant `{tenant_name}`, mount `{}`", mount.name.get_ref());
+                checker.name(&format!("tenant `{tenant_name}`: mount"), &mount.name)?;
+                if !mount_names.insert(mount.name.get_ref().clone()) {
+                    return Err(checker.invalid(
+                        &mount.name,
+                        format!("tenant `{tenant_name}`: duplicate mount name `{}`", mount.name.get_ref()),
+                    ));
+                }
+                mounts.push(checker.mount(&here, base, mount)?);
+            }
+            tenants.push(Tenant {
+                name: tenant_name,
+                mounts,
+            });
+        }
+        Ok(Config {
+            broker: raw.broker,
+            host: raw.host,
+            tenants,
+        })
+    }
+
+    /// Every mount with the name of its tenant.
+    pub fn mounts(&self) -> impl Iterator<Item = (&Tenant, &Mount)> {
+        self.tenants
+            .iter()
+            .flat_map(|t| t.mounts.iter().map(move |m| (t, m)))
+    }
+}
+
+struct Checker<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Checker<'_> {
+    fn invalid<T>(&self, at: &Spanned<T>, message: String) -> ConfigError {
+        let line = self.text[..at.span().start.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1;
+        ConfigError::Invalid {
+            path: self.path.to_owned(),
+            line,
+            message,
+        }
+    }
+
+    fn name(&self, what: &str, name: &Spanned<String>) -> Result<(), ConfigError> {
+        let ok = !name.get_ref().is_empty()
+            && name
+                .get_ref()
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if ok {
+            Ok(())
+        } else {
+            Err(self.invalid(
+                name,
+                format!(
+                    "{what} name `{}` must be non-empty and use only letters, digits, `-`, `_` and `.`",
+                    name.get_ref()
+                ),
+            ))
+        }
+    }
+
+    fn positive(&self, here: &str, key: &str, value: &Option<Spanned<u32>>) -> Result<(), ConfigError> {
+        match value {
+            Some(v) if *v.get_ref() == 0 => {
+                Err(self.invalid(v, format!("{here}: `{key}` must be at least 1")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn mount(&self, here: &str, base: &Path, raw: RawMount) -> Result<Mount, ConfigError> {
+        let module = base.join(raw.module.get_ref());
+        if !module.is_file() {
+            return Err(self.invalid(
+                &raw.module,
+                format!("{here}: module `{}` does not exist", module.display()),
+            ));
+        }
+        if raw.address.get_ref().is_empty() {
+            return Err(self.invalid(&raw.address, format!("{here}: `address` is empty")));
+        }
+        if let Some(dla) = &raw.dead_letter
+            && (dla.get_ref().is_empty() || dla.get_ref() == raw.address.get_ref())
+        {
+            return Err(self.invalid(
+                dla,
+                format!(
+                    "{here}: `dead_letter` must be a non-empty address other than the mount's own `{}`",
+                    raw.address.get_ref()
+                ),
+            ));
+        }
+        self.positive(here, "max_attempts", &raw.max_attempts)?;
+        self.positive(here, "credit", &raw.credit)?;
+        self.positive(here, "concurrency", &raw.concurrency)?;
+        if let Some(t) = &raw.timeout
+            && t.get_ref().is_zero()
+        {
+            return Err(self.invalid(t, format!("{here}: `timeout` must be longer than zero")));
+        }
+        if let Some(m) = &raw.memory
+            && *m.get_ref() < 1 << 20
+        {
+            return Err(self.invalid(m, format!("{here}: `memory` must be at least 1MiB")));
+        }
+        Ok(Mount {
+            name: raw.name.into_inner(),
+            module,
+            address: raw.address.into_inner(),
+            settle: raw.settle,
+            max_attempts: raw.max_attempts.map(Spanned::into_inner),
+            dead_letter: raw.dead_letter.map(Spanned::into_inner),
+            credit: raw.credit.map_or(Mount::DEFAULT_CREDIT, Spanned::into_inner),
+            concurrency: raw
+                .concurrency
+                .map_or(Mount::DEFAULT_CONCURRENCY, Spanned::into_inner),
+            timeout: raw.timeout.map_or(Mount::DEFAULT_TIMEOUT, Spanned::into_inner),
+            memory: raw.memory.map_or(Mount::DEFAULT_MEMORY, Spanned::into_inner),
+            max_retry_delay: raw
+                .max_retry_delay
+                .map_or(Mount::DEFAULT_MAX_RETRY_DELAY, Spanned::into_inner),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,349 @@
+//! The test vectors of the settlement contract, one test each, plus
+//! properties that must hold for every input.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const ALO: Settle = Settle::AtLeastOnce;
+const AMO: Settle = Settle::AtMostOnce;
+
+fn policy(settle: Settle, max_attempts: Option<u32>, dead_letter: bool) -> Policy {
+    Policy {
+        settle,
+        max_attempts,
+        dead_letter,
+        modified_supported: true,
+    }
+}
+
+fn header(delivery_count: u32) -> Counters {
+    Counters {
+        delivery_count: Some(delivery_count),
+        retry_count: None,
+    }
+}
+
+fn copy(retry_count: Option<u32>) -> Counters {
+    Counters {
+        delivery_count: None,
+        retry_count,
+    }
+}
+
+fn settles(d: Disposition) -> Plan {
+    Plan {
+        settle_now: Some(d),
+        ..Plan::default()
+    }
+}
+
+fn dead_letter_then_accept() -> Plan {
+    Plan {
+        publish: Some(Publish::DeadLetter),
+        settle_after_publish: Some(Disposition::Accepted),
+        on_publish_failure: Some(Disposition::Modified),
+        ..Plan::default()
+    }
+}
+
+fn copy_of(retry_count: u32, delay: Duration) -> Publish {
+    Publish::Copy { retry_count, delay }
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[test]
+fn attempt_numbers() {
+    assert_eq!(Counters::default().attempt(), 1);
+    assert_eq!(header(0).attempt(), 1);
+    assert_eq!(header(7).attempt(), 8);
+    assert_eq!(copy(Some(2)).attempt(), 3);
+    let redelivered_copy = Counters {
+        delivery_count: Some(1),
+        retry_count: Some(2),
+    };
+    assert_eq!(redelivered_copy.attempt(), 4);
+    assert!(redelivered_copy.is_copy());
+    assert!(!header(0).is_copy());
+    assert!(copy(None).is_copy());
+}
+
+#[test]
+fn vector_01_ack_is_accepted() {
+    let p = plan(&policy(ALO, None, false), &header(0), Outcome::Ack);
+    assert_eq!(p, settles(Disposition::Accepted));
+}
+
+#[test]
+fn vector_02_drop_is_rejected() {
+    let p = plan(&policy(ALO, None, false), &header(0), Outcome::Drop);
+    assert_eq!(p, settles(Disposition::Rejected));
+}
+
+#[test]
+fn vector_03_retry_without_limit_is_modified() {
+    let p = plan(&policy(ALO, None, false), &header(7), Outcome::Retry);
+    assert_eq!(p, settles(Disposition::Modified));
+}
+
+#[test]
+fn vector_04_retry_below_limit_is_modified() {
+    let p = plan(&policy(ALO, Some(3), false), &header(1), Outcome::Retry);
+    assert_eq!(p, settles(Disposition::Modified));
+}
+
+#[test]
+fn vector_05_retry_at_limit_without_dla_is_rejected() {
+    let p = plan(&policy(ALO, Some(3), false), &header(2), Outcome::Retry);
+    assert_eq!(p, settles(Disposition::Rejected));
+}
+
+#[test]
+fn vector_06_retry_at_limit_with_dla_dead_letters_then_accepts() {
+    let p = plan(&policy(ALO, Some(3), true), &header(2), Outcome::Retry);
+    assert_eq!(p, dead_letter_then_accept());
+}
+
+#[test]
+fn vector_07_dla_without_limit_takes_every_retry() {
+    let p = plan(&policy(ALO, None, true), &header(0), Outcome::Retry);
+    assert_eq!(p, dead_letter_then_accept());
+}
+
+#[test]
+fn vector_08_retry_after_rejects_then_copies_later() {
+    let delay = Duration::from_secs(2);
+    let p = plan(&policy(ALO, None, false), &header(0), Outcome::RetryAfter(delay));
+    assert_eq!(
+        p,
+        Plan {
+            settle_now: Some(Disposition::Rejected),
+            publish: Some(copy_of(1, delay)),
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn vector_09_retry_of_a_copy_below_limit_copies_now_then_accepts() {
+    let p = plan(&policy(ALO, Some(3), false), &copy(Some(1)), Outcome::Retry);
+    assert_eq!(
+        p,
+        Plan {
+            publish: Some(copy_of(2, Duration::ZERO)),
+            settle_after_publish: Some(Disposition::Accepted),
+            on_publish_failure: Some(Disposition::Modified),
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn vector_10_retry_after_at_limit_dead_letters_then_accepts() {
+    let p = plan(&policy(ALO, Some(3), true), &copy(Some(2)), Outcome::RetryAfter(SECOND));
+    assert_eq!(p, dead_letter_then_accept());
+}
+
+#[test]
+fn vector_12_at_most_once_ack_and_drop_are_unsupported() {
+    for outcome in [Outcome::Ack, Outcome::Drop] {
+        for counters in [header(0), copy(None), copy(Some(3))] {
+            let p = plan(&policy(AMO, None, false), &counters, outcome);
+            assert_eq!(
+                p,
+                Plan {
+                    unsupported: true,
+                    ..Plan::default()
+                }
+            );
+        }
+    }
+}
+
+#[test]
+fn vector_13_at_most_once_retry_with_broker_counter_is_unsupported() {
+    let p = plan(&policy(AMO, Some(3), false), &header(0), Outcome::Retry);
+    assert_eq!(
+        p,
+        Plan {
+            unsupported: true,
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn vector_14_at_most_once_retry_without_counter_copies_at_once() {
+    let p = plan(&policy(AMO, Some(3), false), &copy(None), Outcome::Retry);
+    assert_eq!(
+        p,
+        Plan {
+            publish: Some(copy_of(1, Duration::ZERO)),
+            unsupported: true,
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn vector_15_at_most_once_retry_after_copies_later() {
+    let p = plan(&policy(AMO, None, false), &copy(None), Outcome::RetryAfter(SECOND));
+    assert_eq!(
+        p,
+        Plan {
+            publish: Some(copy_of(1, SECOND)),
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn vector_16_at_most_once_retry_at_limit_dead_letters() {
+    let p = plan(&policy(AMO, Some(2), true), &copy(Some(1)), Outcome::Retry);
+    assert_eq!(
+        p,
+        Plan {
+            publish: Some(Publish::DeadLetter),
+            unsupported: true,
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn vector_17_a_failed_handler_is_planned_as_retry() {
+    // The sandbox turns a trap into `Outcome::Retry`; below the limit that is
+    // `modified`, as vector 4.
+    let p = plan(&policy(ALO, Some(3), false), &header(0), Outcome::Retry);
+    assert_eq!(p, settles(Disposition::Modified));
+}
+
+#[test]
+fn without_modified_retry_takes_the_copy_path() {
+    let mut no_modified = policy(ALO, Some(3), false);
+    no_modified.modified_supported = false;
+    let p = plan(&no_modified, &header(0), Outcome::Retry);
+    assert_eq!(
+        p,
+        Plan {
+            publish: Some(copy_of(1, Duration::ZERO)),
+            settle_after_publish: Some(Disposition::Accepted),
+            on_publish_failure: Some(Disposition::Released),
+            ..Plan::default()
+        }
+    );
+    // At the limit it still stops, and never falls back to `modified`.
+    let at_limit = plan(&no_modified, &copy(Some(2)), Outcome::Retry);
+    assert_eq!(at_limit, settles(Disposition::Rejected));
+}
+
+#[test]
+fn at_most_once_at_limit_without_dla_publishes_nothing() {
+    let p = plan(&policy(AMO, Some(2), false), &copy(Some(1)), Outcome::RetryAfter(SECOND));
+    assert_eq!(p, Plan::default());
+}
+
+fn any_settle() -> impl Strategy<Value = Settle> {
+    prop_oneof![Just(ALO), Just(AMO)]
+}
+
+fn any_policy() -> impl Strategy<Value = Policy> {
+    (
+        any_settle(),
+        proptest::option::of(1u32..6),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(settle, max_attempts, dead_letter, modified_supported)| Policy {
+            settle,
+            max_attempts,
+            dead_letter,
+            modified_supported,
+        })
+}
+
+fn any_counters() -> impl Strategy<Value = Counters> {
+    (
+        proptest::option::of(0u32..10),
+        proptest::option::of(0u32..10),
+    )
+        .prop_map(|(delivery_count, retry_count)| Counters {
+            delivery_count,
+            retry_count,
+        })
+}
+
+fn any_outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::Ack),
+        Just(Outcome::Retry),
+        (0u64..10_000).prop_map(|ms| Outcome::RetryAfter(Duration::from_millis(ms))),
+        Just(Outcome::Drop),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn at_least_once_settles_exactly_once(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        let p = plan(&Policy { settle: ALO, ..policy }, &counters, outcome);
+        prop_assert!(p.settle_now.is_some() != p.settle_after_publish.is_some());
+        prop_assert!(!p.unsupported);
+        // A disposition that waits for a publish always has a fallback.
+        prop_assert_eq!(p.settle_after_publish.is_some(), p.on_publish_failure.is_some());
+    }
+
+    #[test]
+    fn at_most_once_never_settles(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        let p = plan(&Policy { settle: AMO, ..policy }, &counters, outcome);
+        prop_assert_eq!(p.settle_now, None);
+        prop_assert_eq!(p.settle_after_publish, None);
+    }
+
+    #[test]
+    fn copies_only_count_up(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        if let Some(Publish::Copy { retry_count, .. }) = plan(&policy, &counters, outcome).publish {
+            prop_assert_eq!(retry_count, counters.retry_count.unwrap_or(0) + 1);
+            let next = Counters { delivery_count: None, retry_count: Some(retry_count) };
+            prop_assert!(next.attempt() > counters.retry_count.unwrap_or(0) + 1);
+        }
+    }
+
+    #[test]
+    fn nothing_is_copied_at_the_limit(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        let p = plan(&policy, &counters, outcome);
+        if let (Some(limit), Some(Publish::Copy { .. })) = (policy.max_attempts, p.publish) {
+            prop_assert!(counters.attempt() < limit);
+        }
+    }
+
+    #[test]
+    fn released_and_modified_follow_broker_support(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        let p = plan(&policy, &counters, outcome);
+        let sent = [p.settle_now, p.settle_after_publish, p.on_publish_failure];
+        if !policy.modified_supported {
+            prop_assert!(!sent.contains(&Some(Disposition::Modified)));
+        } else {
+            prop_assert!(!sent.contains(&Some(Disposition::Released)));
+        }
+    }
+
+    #[test]
+    fn ack_and_drop_never_publish(
+        policy in any_policy(), counters in any_counters()
+    ) {
+        for outcome in [Outcome::Ack, Outcome::Drop] {
+            prop_assert_eq!(plan(&policy, &counters, outcome).publish, None);
+        }
+    }
+}
