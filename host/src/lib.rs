@@ -1,4 +1,18 @@
 //! wharf: runs WebAssembly component handlers on AMQP 1.0 deliveries.
+//!
+//! The pieces, each knowing as little of the others as it can:
+//! - [`config`]: the `wharf.toml` file;
+//! - [`settlement`]: the contract, a pure function from outcome to plan;
+//! - [`sandbox`]: the wasm engine, modules and limits;
+//! - [`broker`]: AMQP connections, links and publishing;
+//! - [`tenants`]: mounts at work, joining the three above;
+//! - [`events`]: what the host did, for anyone watching.
 
+pub mod broker;
 pub mod config;
+pub mod events;
+pub mod sandbox;
 pub mod settlement;
+pub mod tenants;
+
+pub use tenants::{Host, HostError, RunningHost};

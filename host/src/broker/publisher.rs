@@ -1,0 +1,153 @@
+//! Publishing copies and dead letters, and waiting for the broker to take
+//! them.
+
+use std::collections::HashMap;
+
+use fe2o3_amqp::link::delivery::Sendable;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::messaging::Outcome;
+use fe2o3_amqp::{Sender, Session};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::BrokerError;
+use super::connection::BrokerConnection;
+use super::message::AmqpMessage;
+
+struct Request {
+    address: String,
+    message: AmqpMessage,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+}
+
+/// A handle to publish messages to a fixed set of addresses. Clones share
+/// the links.
+#[derive(Clone)]
+pub struct Publisher {
+    requests: mpsc::Sender<Request>,
+}
+
+/// The task that owns the sender links.
+pub struct PublisherTask {
+    task: tokio::task::JoinHandle<()>,
+    close: CancellationToken,
+}
+
+impl PublisherTask {
+    /// Refuses new publishes, waits until every one already asked for has
+    /// the broker's answer, then closes the links.
+    pub async fn close(self) {
+        self.close.cancel();
+        let _ = self.task.await;
+    }
+}
+
+impl Publisher {
+    /// Attaches one sender per address on a session of its own.
+    pub async fn open(
+        connection: &mut BrokerConnection,
+        link_prefix: &str,
+        addresses: &[&str],
+    ) -> Result<(Publisher, PublisherTask), BrokerError> {
+        let first = addresses.first().copied().unwrap_or_default();
+        let mut session = Session::begin(connection.handle())
+            .await
+            .map_err(|e| BrokerError::Attach {
+                address: first.to_owned(),
+                role: "sender",
+                reason: format!("cannot begin a session: {e}"),
+            })?;
+        let mut senders = HashMap::new();
+        for address in addresses {
+            if senders.contains_key(*address) {
+                continue;
+            }
+            let name = format!("{link_prefix}/send/{address}");
+            let sender = Sender::attach(&mut session, name, *address)
+                .await
+                .map_err(|e| BrokerError::Attach {
+                    address: (*address).to_owned(),
+                    role: "sender",
+                    reason: e.to_string(),
+                })?;
+            senders.insert((*address).to_owned(), sender);
+        }
+        let (requests, inbox) = mpsc::channel(256);
+        let close = CancellationToken::new();
+        let task = tokio::spawn(serve(session, senders, inbox, close.clone()));
+        Ok((Publisher { requests }, PublisherTask { task, close }))
+    }
+
+    /// Publishes `message` to `address` and waits for the broker's
+    /// `accepted`.
+    pub async fn publish(&self, address: &str, message: AmqpMessage) -> Result<(), BrokerError> {
+        let (done, answer) = oneshot::channel();
+        let request = Request {
+            address: address.to_owned(),
+            message,
+            done,
+        };
+        let gone = || BrokerError::Publish {
+            address: address.to_owned(),
+            reason: "the publisher has shut down".to_owned(),
+        };
+        self.requests.send(request).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+async fn serve(
+    mut session: SessionHandle<()>,
+    mut senders: HashMap<String, Sender>,
+    mut inbox: mpsc::Receiver<Request>,
+    close: CancellationToken,
+) {
+    let mut waiting = tokio::task::JoinSet::new();
+    loop {
+        let request = tokio::select! {
+            request = inbox.recv() => request,
+            () = close.cancelled() => {
+                // Take what was already queued, then stop.
+                inbox.close();
+                inbox.recv().await
+            }
+        };
+        let Some(request) = request else { break };
+        let Some(sender) = senders.get_mut(&request.address) else {
+            let _ = request.done.send(Err(BrokerError::Publish {
+                address: request.address,
+                reason: "no sender link is attached to this address".to_owned(),
+            }));
+            continue;
+        };
+        // Pipeline: hand the transfer to the link now, wait for the broker's
+        // answer beside the loop.
+        let address = request.address;
+        let sendable = Sendable::builder().message(request.message).build();
+        match sender.send_batchable(sendable).await {
+            Ok(outcome) => {
+                let done = request.done;
+                waiting.spawn(async move {
+                    let result = match outcome.await {
+                        Ok(Outcome::Accepted(_)) => Ok(()),
+                        Ok(other) => Err(format!("the broker answered {other:?}")),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let _ = done.send(result.map_err(|reason| BrokerError::Publish { address, reason }));
+                });
+            }
+            Err(e) => {
+                let _ = request.done.send(Err(BrokerError::Publish {
+                    address,
+                    reason: e.to_string(),
+                }));
+            }
+        }
+        while waiting.try_join_next().is_some() {}
+    }
+    while waiting.join_next().await.is_some() {}
+    for (_, sender) in senders {
+        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, sender.close()).await;
+    }
+    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
+}

@@ -1,0 +1,74 @@
+//! What the host did, as a stream anyone in the process can watch: the
+//! `wharf run` console, tests, and metrics.
+
+use std::sync::Arc;
+
+use crate::settlement::{Disposition, Outcome, Plan};
+
+/// One thing that happened on a mount.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The mount's links are attached and it is taking deliveries.
+    MountReady {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// Whether the broker takes `modified`; without it `retry` publishes
+        /// copies.
+        modified_supported: bool,
+    },
+    /// A delivery's outcome has been carried out (a delayed copy, if any, is
+    /// still pending and reported by [`Event::CopyPublished`]).
+    Handled(Handled),
+    /// A copy scheduled by `retry-after` (or an at-most-once retry) was
+    /// published, or failed to be.
+    CopyPublished {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// `properties.message-id` of the copy.
+        message_id: Option<String>,
+        /// The copy's retry count.
+        retry_count: u32,
+        /// Why the broker did not take it, if it did not.
+        error: Option<String>,
+    },
+    /// The mount stopped taking deliveries.
+    MountStopped {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// Why, when it was not asked to.
+        error: Option<String>,
+    },
+}
+
+/// The record of one handled delivery.
+#[derive(Debug, Clone)]
+pub struct Handled {
+    /// The tenant.
+    pub tenant: Arc<str>,
+    /// The mount.
+    pub mount: Arc<str>,
+    /// `properties.message-id`, as text.
+    pub message_id: Option<String>,
+    /// The attempt number the handler saw.
+    pub attempt: u32,
+    /// The outcome the plan was made from (a failed handler counts as retry).
+    pub outcome: Outcome,
+    /// Why the handler failed, when it did.
+    pub failure: Option<String>,
+    /// What the settlement rules decided.
+    pub plan: Plan,
+    /// The disposition actually sent, if any.
+    pub disposition: Option<Disposition>,
+    /// A publish or settlement that went wrong.
+    pub error: Option<String>,
+}
+
+/// Capacity of the event stream; slower watchers miss events (and are told
+/// so) rather than slowing the host down.
+pub(crate) const EVENT_CAPACITY: usize = 4096;

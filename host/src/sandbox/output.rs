@@ -1,0 +1,126 @@
+//! A guest's stdout and stderr, routed line by line into the host log.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::AsyncWrite;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+
+use super::module::LogTags;
+use super::store::truncate;
+
+/// Bytes of output kept per stream and instance; the rest is counted and
+/// dropped, so a chatty or hostile guest cannot flood the log.
+const MAX_OUTPUT: usize = 64 * 1024;
+const MAX_LINE: usize = 4096;
+
+/// One guest output stream (`stdout` or `stderr`) of one instance.
+#[derive(Clone)]
+pub(crate) struct LogOutput {
+    lines: Arc<Mutex<Lines>>,
+}
+
+impl LogOutput {
+    pub(crate) fn new(tags: Arc<LogTags>, stream: &'static str) -> LogOutput {
+        LogOutput {
+            lines: Arc::new(Mutex::new(Lines {
+                tags,
+                stream,
+                pending: Vec::new(),
+                kept: 0,
+                dropped: 0,
+            })),
+        }
+    }
+}
+
+struct Lines {
+    tags: Arc<LogTags>,
+    stream: &'static str,
+    pending: Vec<u8>,
+    kept: usize,
+    dropped: usize,
+}
+
+impl Lines {
+    fn write(&mut self, bytes: &[u8]) {
+        let room = MAX_OUTPUT.saturating_sub(self.kept);
+        let (keep, drop) = bytes.split_at(bytes.len().min(room));
+        self.kept += keep.len();
+        self.dropped += drop.len();
+        self.pending.extend_from_slice(keep);
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            self.emit(&line[..end]);
+        }
+        if self.pending.len() > MAX_LINE {
+            let line = std::mem::take(&mut self.pending);
+            self.emit(&line);
+        }
+    }
+
+    fn emit(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        tracing::info!(
+            target: "wharf::guest",
+            tenant = &*self.tags.tenant,
+            mount = &*self.tags.mount,
+            stream = self.stream,
+            "{}",
+            truncate(&text, MAX_LINE)
+        );
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        if !self.pending.is_empty() {
+            let line = std::mem::take(&mut self.pending);
+            self.emit(&line);
+        }
+        if self.dropped > 0 {
+            tracing::warn!(
+                tenant = &*self.tags.tenant,
+                mount = &*self.tags.mount,
+                stream = self.stream,
+                dropped_bytes = self.dropped,
+                "handler output over {MAX_OUTPUT} bytes was dropped"
+            );
+        }
+    }
+}
+
+impl IsTerminal for LogOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for LogOutput {
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl AsyncWrite for LogOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .write(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}

@@ -1,0 +1,337 @@
+//! One mount at work: take deliveries off its link, run the handler on each,
+//! carry out the settlement plan, and stop without losing anything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use fe2o3_amqp::link::delivery::DeliveryInfo;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::delayed::DelayedCopies;
+use crate::broker::message::{self, AmqpMessage, DeliveryContext};
+use crate::broker::{BrokerError, Inbound, Publisher, PublisherTask, Subscription};
+use crate::config::{Mount, Settle};
+use crate::events::{Event, Handled};
+use crate::sandbox::{self, CallLimits, LogTags, Module};
+use crate::settlement::{self, Disposition, Outcome, Plan, Policy, Publish};
+
+/// Everything a mount's handler tasks share.
+pub(crate) struct MountContext {
+    pub(crate) tags: Arc<LogTags>,
+    pub(crate) config: Mount,
+    pub(crate) module: Module,
+    pub(crate) policy: Policy,
+    pub(crate) publisher: Publisher,
+    pub(crate) delayed: DelayedCopies,
+    pub(crate) events: broadcast::Sender<Event>,
+    /// Whether an at-most-once outcome that cannot act has been logged at
+    /// warn level yet; later ones go to debug.
+    unsupported_warned: AtomicBool,
+}
+
+impl MountContext {
+    pub(crate) fn new(
+        tags: Arc<LogTags>,
+        config: Mount,
+        module: Module,
+        modified_supported: bool,
+        publisher: Publisher,
+        events: broadcast::Sender<Event>,
+    ) -> MountContext {
+        let policy = Policy {
+            settle: config.settle,
+            max_attempts: config.max_attempts,
+            dead_letter: config.dead_letter.is_some(),
+            modified_supported,
+        };
+        let delayed = DelayedCopies::new(
+            publisher.clone(),
+            config.address.clone(),
+            tags.clone(),
+            events.clone(),
+        );
+        MountContext {
+            tags,
+            config,
+            module,
+            policy,
+            publisher,
+            delayed,
+            events,
+            unsupported_warned: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A disposition a handler task asks the receive loop to send; only the
+/// loop owns the receiver.
+struct SettleRequest {
+    info: DeliveryInfo,
+    disposition: Disposition,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+}
+
+#[derive(Clone)]
+struct Settler(mpsc::UnboundedSender<SettleRequest>);
+
+impl Settler {
+    async fn settle(&self, info: DeliveryInfo, disposition: Disposition) -> Result<(), String> {
+        let (done, answer) = oneshot::channel();
+        let request = SettleRequest {
+            info,
+            disposition,
+            done,
+        };
+        let stopped = || "the mount stopped before the disposition was sent".to_owned();
+        self.0.send(request).map_err(|_| stopped())?;
+        answer
+            .await
+            .map_err(|_| stopped())?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs a mount until `stop` is cancelled or its link fails, then drains:
+/// in-flight handlers get `grace` to finish and be settled, delayed copies
+/// are published early, links are closed.
+pub(crate) async fn run(
+    context: Arc<MountContext>,
+    mut subscription: Subscription,
+    publisher_task: PublisherTask,
+    stop: CancellationToken,
+    grace: Duration,
+) -> Result<(), BrokerError> {
+    let (requests, mut inbox) = mpsc::unbounded_channel();
+    let settler = Settler(requests);
+    let mut handlers = JoinSet::new();
+    let concurrency = context.config.concurrency as usize;
+    let failure = loop {
+        tokio::select! {
+            biased;
+            Some(request) = inbox.recv() => answer(&subscription, request).await,
+            Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
+            () = stop.cancelled() => break None,
+            inbound = subscription.recv(), if handlers.len() < concurrency => match inbound {
+                Ok(inbound) => {
+                    let context = context.clone();
+                    let settler = settler.clone();
+                    handlers.spawn(handle(context, settler, inbound));
+                }
+                Err(e) => break Some(e),
+            },
+        }
+    };
+    drain(&subscription, &mut inbox, &mut handlers, grace, &context.tags).await;
+    subscription.close().await;
+    let pending = context.delayed.pending();
+    if pending > 0 {
+        tracing::info!(
+            tenant = &*context.tags.tenant,
+            mount = &*context.tags.mount,
+            pending,
+            "publishing delayed copies early"
+        );
+    }
+    context.delayed.flush().await;
+    drop(settler);
+    publisher_task.close().await;
+    failure.map_or(Ok(()), Err)
+}
+
+async fn answer(subscription: &Subscription, request: SettleRequest) {
+    let result = subscription.settle(request.info, request.disposition).await;
+    let _ = request.done.send(result);
+}
+
+async fn drain(
+    subscription: &Subscription,
+    inbox: &mut mpsc::UnboundedReceiver<SettleRequest>,
+    handlers: &mut JoinSet<()>,
+    grace: Duration,
+    tags: &LogTags,
+) {
+    let deadline = tokio::time::sleep(grace);
+    tokio::pin!(deadline);
+    while !handlers.is_empty() {
+        tokio::select! {
+            biased;
+            Some(request) = inbox.recv() => answer(subscription, request).await,
+            Some(_) = handlers.join_next() => {}
+            () = &mut deadline => {
+                tracing::warn!(
+                    tenant = &*tags.tenant,
+                    mount = &*tags.mount,
+                    unfinished = handlers.len(),
+                    "shutdown grace period over; unfinished deliveries are left to the broker"
+                );
+                handlers.abort_all();
+                while handlers.join_next().await.is_some() {}
+            }
+        }
+    }
+    while let Ok(request) = inbox.try_recv() {
+        answer(subscription, request).await;
+    }
+}
+
+/// Runs the handler on one delivery and carries out the plan for its outcome.
+async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) {
+    let Inbound { info, message } = inbound;
+    let counters = message::counters(&message);
+    let attempt = counters.attempt();
+    let message_id = message::message_id(&message);
+    let span = tracing::info_span!(
+        "handle",
+        messaging.system = "amqp",
+        messaging.operation = "process",
+        messaging.destination.name = context.config.address,
+        messaging.message.id = message_id,
+        tenant = &*context.tags.tenant,
+        mount = &*context.tags.mount,
+        attempt,
+    );
+    async move {
+        let (outcome, failure) = run_handler(&context, &message, attempt).await;
+        let plan = settlement::plan(&context.policy, &counters, outcome);
+        if plan.unsupported {
+            log_unsupported(&context, outcome);
+        }
+        let (disposition, error) = carry_out(&context, &settler, info, &message, &plan).await;
+        match &error {
+            Some(error) => tracing::error!(?outcome, ?disposition, error, "settlement incomplete"),
+            None => tracing::info!(?outcome, ?disposition, publish = ?plan.publish, "handled"),
+        }
+        let _ = context.events.send(Event::Handled(Handled {
+            tenant: context.tags.tenant.clone(),
+            mount: context.tags.mount.clone(),
+            message_id,
+            attempt,
+            outcome,
+            failure,
+            plan,
+            disposition,
+            error,
+        }));
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run_handler(
+    context: &MountContext,
+    message: &AmqpMessage,
+    attempt: u32,
+) -> (Outcome, Option<String>) {
+    let delivery = message::to_delivery(
+        message,
+        DeliveryContext {
+            address: &context.config.address,
+            tenant: &context.tags.tenant,
+            mount: &context.tags.mount,
+            attempt,
+            presettled: context.config.settle == Settle::AtMostOnce,
+        },
+    );
+    let limits = CallLimits {
+        timeout: context.config.timeout,
+        memory: context.config.memory,
+    };
+    match context
+        .module
+        .call(&delivery, limits, context.tags.clone())
+        .await
+    {
+        Ok(outcome) => (outcome_of(outcome, context.config.max_retry_delay), None),
+        Err(failure) => {
+            tracing::warn!(
+                kind = failure.kind(),
+                module = %context.module.path().display(),
+                "handler failed, treating it as retry: {failure}"
+            );
+            (Outcome::Retry, Some(failure.to_string()))
+        }
+    }
+}
+
+fn outcome_of(outcome: sandbox::Outcome, max_delay: Duration) -> Outcome {
+    match outcome {
+        sandbox::Outcome::Ack => Outcome::Ack,
+        sandbox::Outcome::Retry => Outcome::Retry,
+        sandbox::Outcome::Drop => Outcome::Drop,
+        sandbox::Outcome::RetryAfter(ms) => {
+            let asked = Duration::from_millis(ms);
+            if asked > max_delay {
+                tracing::warn!(
+                    ?asked,
+                    ?max_delay,
+                    "retry-after delay shortened to the mount's max_retry_delay"
+                );
+            }
+            Outcome::RetryAfter(asked.min(max_delay))
+        }
+    }
+}
+
+/// Sends the plan's dispositions and publishes in order. Returns the
+/// disposition that was sent last and the first thing that went wrong.
+async fn carry_out(
+    context: &MountContext,
+    settler: &Settler,
+    info: DeliveryInfo,
+    message: &AmqpMessage,
+    plan: &Plan,
+) -> (Option<Disposition>, Option<String>) {
+    if let Some(disposition) = plan.settle_now {
+        if let Err(e) = settler.settle(info.clone(), disposition).await {
+            return (None, Some(e));
+        }
+    }
+    let sent = plan.settle_now;
+    let (publish, address) = match plan.publish {
+        None => return (sent, None),
+        Some(Publish::Copy { retry_count, delay }) if plan.settle_after_publish.is_none() => {
+            context
+                .delayed
+                .schedule(message::copy(message, retry_count), retry_count, delay);
+            return (sent, None);
+        }
+        Some(Publish::Copy { retry_count, .. }) => (
+            message::copy(message, retry_count),
+            context.config.address.as_str(),
+        ),
+        Some(Publish::DeadLetter) => (
+            message.clone(),
+            context
+                .config
+                .dead_letter
+                .as_deref()
+                .expect("plans only dead-letter when the mount declares an address"),
+        ),
+    };
+    let published = context.publisher.publish(address, publish).await;
+    let (then, publish_error) = match published {
+        Ok(()) => (plan.settle_after_publish, None),
+        Err(e) => (plan.on_publish_failure, Some(e.to_string())),
+    };
+    let Some(disposition) = then else {
+        return (sent, publish_error);
+    };
+    match settler.settle(info, disposition).await {
+        Ok(()) => (Some(disposition), publish_error),
+        Err(e) => (sent, Some(publish_error.unwrap_or(e))),
+    }
+}
+
+fn log_unsupported(context: &MountContext, outcome: Outcome) {
+    let first = !context.unsupported_warned.swap(true, Ordering::Relaxed);
+    let note = "AckError::Unsupported: the mount is at-most-once, the delivery was settled on receipt";
+    if first {
+        tracing::warn!(?outcome, "{note} (logged once per mount; later ones at debug level)");
+    } else {
+        tracing::debug!(?outcome, "{note}");
+    }
+}
