@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::settlement::{Disposition, Outcome, Plan};
+use crate::settlement::{Counters, Disposition, Outcome, Plan};
 
 /// One thing that happened on a mount.
 #[derive(Debug, Clone)]
@@ -17,6 +17,17 @@ pub enum Event {
         /// Whether the broker takes `modified`; without it `retry` publishes
         /// copies.
         modified_supported: bool,
+    },
+    /// A handler started on a delivery.
+    Started {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// `properties.message-id`, as text.
+        message_id: Option<String>,
+        /// The attempt number the handler sees.
+        attempt: u32,
     },
     /// A delivery's outcome has been carried out (a delayed copy, if any, is
     /// still pending and reported by [`Event::CopyPublished`]).
@@ -57,6 +68,8 @@ pub struct Handled {
     pub message_id: Option<String>,
     /// The attempt number the handler saw.
     pub attempt: u32,
+    /// The counters the delivery carried.
+    pub counters: Counters,
     /// The outcome the plan was made from (a failed handler counts as retry).
     pub outcome: Outcome,
     /// Why the handler failed, when it did.

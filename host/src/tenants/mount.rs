@@ -195,6 +195,12 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) 
         attempt,
     );
     async move {
+        let _ = context.events.send(Event::Started {
+            tenant: context.tags.tenant.clone(),
+            mount: context.tags.mount.clone(),
+            message_id: message_id.clone(),
+            attempt,
+        });
         let (outcome, failure) = run_handler(&context, &message, attempt).await;
         let plan = settlement::plan(&context.policy, &counters, outcome);
         if plan.unsupported {
@@ -210,6 +216,7 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) 
             mount: context.tags.mount.clone(),
             message_id,
             attempt,
+            counters,
             outcome,
             failure,
             plan,

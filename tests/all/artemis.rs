@@ -1,0 +1,399 @@
+//! Every vector of the settlement contract on Apache Artemis, observed on
+//! the broker: what is left on the queue, what reached the dead-letter
+//! address, what copies were published, and what the broker redelivered.
+//!
+//! Artemis notes the assertions rely on (measured on 2.40): a message
+//! without a header arrives without one; a publisher-set `delivery-count`
+//! is delivered as is the first time, but after `modified` the broker sends
+//! its own count (1, 2, ...); `rejected` moves the message to the broker's
+//! dead-letter address (`DLQ`, queue `DLQ.<address>` in the test broker).
+
+use std::time::{Duration, Instant};
+
+use wharf::settlement::{Disposition, Outcome, Publish};
+
+use crate::client::{Client, TestMessage, body_text, message_id, retry_count};
+use crate::{DEADLINE, MountToml, TestHost, artemis_url, unique};
+
+const SCRIPT: &str = "fixture_script";
+
+/// The queue where the test broker's own dead-letter policy puts messages
+/// rejected on `address`.
+fn broker_dlq(address: &str) -> String {
+    format!("DLQ.{address}")
+}
+
+fn broker_dlq_fqqn(address: &str) -> String {
+    format!("DLQ::DLQ.{address}")
+}
+
+/// Polls the broker until `queue` holds `expected` messages.
+async fn assert_count(client: &mut Client, queue: &str, expected: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let count = client.artemis_count(queue).await?;
+        if count == expected {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("queue {queue} holds {count} messages, expected {expected}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts a host with one mount `m` on `address`, connects a client.
+async fn setup(address: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Client)> {
+    let mut mount = MountToml::new("m", SCRIPT, address);
+    for line in extra {
+        mount = mount.with(line);
+    }
+    let url = artemis_url();
+    let host = TestHost::start(&url, &[mount]).await?;
+    let client = Client::connect(&url).await?;
+    Ok((host, client))
+}
+
+/// Asserts that `address`'s queue and the broker's dead-letter queue for it
+/// are both empty once the host has stopped.
+async fn assert_gone(client: &mut Client, address: &str) -> anyhow::Result<()> {
+    assert_count(client, address, 0).await?;
+    assert_count(client, &broker_dlq(address), 0).await
+}
+
+/// Asserts `got` is `sent` as published: the dead-letter address receives
+/// the delivery exactly as it arrived.
+fn assert_same_message(got: &wharf::broker::message::AmqpMessage, sent: &TestMessage) {
+    let sent = sent.build();
+    assert_eq!(got.header, sent.header, "header");
+    assert_eq!(got.properties, sent.properties, "properties");
+    assert_eq!(got.application_properties, sent.application_properties, "application properties");
+    assert_eq!(got.body, sent.body, "body");
+}
+
+#[tokio::test]
+async fn vector_01_ack_is_accepted() -> anyhow::Result<()> {
+    let q = unique("v01");
+    let (mut host, mut client) = setup(&q, &[]).await?;
+    client.publish(&q, TestMessage::new(&q, "hi").header(0).script("*:ack").build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.outcome, Outcome::Ack);
+    assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_02_drop_is_rejected_and_the_broker_dead_letters_it() -> anyhow::Result<()> {
+    let q = unique("v02");
+    let (mut host, mut client) = setup(&q, &[]).await?;
+    client.publish(&q, TestMessage::new(&q, "bad").header(0).script("*:drop").build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.disposition, Some(Disposition::Rejected));
+    host.stop().await?;
+    assert_count(&mut client, &q, 0).await?;
+    let mut dlq = client.watch(&broker_dlq_fqqn(&q)).await?;
+    let (_, dead) = dlq.next_with_id(&q).await?;
+    assert_eq!(body_text(&dead), "bad");
+    dlq.close().await;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_03_retry_is_modified_and_the_broker_counts_it() -> anyhow::Result<()> {
+    let q = unique("v03");
+    let (mut host, mut client) = setup(&q, &[]).await?;
+    client.publish(&q, TestMessage::new(&q, "x").header(7).script("8:retry *:ack").build()).await?;
+    let first = host.handled(&q).await?;
+    assert_eq!(first.attempt, 8);
+    assert_eq!(first.disposition, Some(Disposition::Modified));
+    // Back on the queue with the broker's count raised (Artemis counts its
+    // own deliveries from 0, so the redelivery carries 1).
+    let again = host.handled(&q).await?;
+    assert_eq!(again.counters.delivery_count, Some(1));
+    assert_eq!(again.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_04_retry_below_the_limit_is_modified() -> anyhow::Result<()> {
+    let q = unique("v04");
+    let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
+    client.publish(&q, TestMessage::new(&q, "x").header(1).script("2:retry *:ack").build()).await?;
+    let first = host.handled(&q).await?;
+    assert_eq!(first.attempt, 2);
+    assert_eq!(first.disposition, Some(Disposition::Modified));
+    let again = host.handled(&q).await?;
+    assert!(again.counters.delivery_count >= Some(1), "{again:?}");
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_05_retry_at_the_limit_without_dla_is_rejected() -> anyhow::Result<()> {
+    let q = unique("v05");
+    let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
+    client.publish(&q, TestMessage::new(&q, "x").header(2).script("3:retry").build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.attempt, 3);
+    assert_eq!(handled.disposition, Some(Disposition::Rejected));
+    host.stop().await?;
+    assert_count(&mut client, &q, 0).await?;
+    let mut dlq = client.watch(&broker_dlq_fqqn(&q)).await?;
+    dlq.next_with_id(&q).await?;
+    dlq.close().await;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_06_retry_at_the_limit_goes_to_the_dla_as_it_arrived() -> anyhow::Result<()> {
+    let q = unique("v06");
+    let dla = format!("{q}.dla");
+    let dla_line = format!("dead_letter = \"{dla}\"");
+    let (mut host, mut client) = setup(&q, &["max_attempts = 3", &dla_line]).await?;
+    let sent = TestMessage::new(&q, "poison").header(2).script("3:retry");
+    client.publish(&q, sent.build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
+    assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    let mut dead = client.watch(&dla).await?;
+    let (_, got) = dead.next_with_id(&q).await?;
+    assert_same_message(&got, &sent);
+    dead.close().await;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_07_a_dla_without_limit_takes_every_retry() -> anyhow::Result<()> {
+    let q = unique("v07");
+    let dla = format!("{q}.dla");
+    let dla_line = format!("dead_letter = \"{dla}\"");
+    let (mut host, mut client) = setup(&q, &[&dla_line]).await?;
+    let sent = TestMessage::new(&q, "x").header(0).script("*:retry");
+    client.publish(&q, sent.build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.attempt, 1);
+    assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    let mut dead = client.watch(&dla).await?;
+    let (_, got) = dead.next_with_id(&q).await?;
+    assert_same_message(&got, &sent);
+    dead.close().await;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_08_retry_after_rejects_then_publishes_a_copy_later() -> anyhow::Result<()> {
+    let f = unique("fanout.v08");
+    let (mut host, mut client) = setup(&f, &[]).await?;
+    let mut watch = client.watch(&f).await?;
+    let published = Instant::now();
+    client.publish(&f, TestMessage::new(&f, "later").header(0).script("1:after=2000 *:ack").build()).await?;
+    let first = host.handled(&f).await?;
+    assert_eq!(first.disposition, Some(Disposition::Rejected));
+    let (_, original) = watch.next_with_id(&f).await?;
+    assert!(original.header.is_some());
+    let (arrived, copy) = watch.next_with_id(&f).await?;
+    assert!(arrived - published >= Duration::from_secs(2), "copy after {:?}", arrived - published);
+    assert!(copy.header.is_none(), "a copy has no header");
+    assert_eq!(retry_count(&copy), Some(1));
+    assert_eq!(body_text(&copy), "later");
+    let handled_copy = host.handled(&f).await?;
+    assert_eq!(handled_copy.attempt, 2);
+    assert_eq!(handled_copy.disposition, Some(Disposition::Accepted));
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_09_retry_of_a_copy_below_the_limit_copies_now_then_accepts() -> anyhow::Result<()> {
+    let f = unique("fanout.v09");
+    let (mut host, mut client) = setup(&f, &["max_attempts = 3"]).await?;
+    let mut watch = client.watch(&f).await?;
+    client.publish(&f, TestMessage::new(&f, "x").retry_count(1).script("2:retry *:ack").build()).await?;
+    let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
+    assert_eq!(first.attempt, 2);
+    assert_eq!(first.plan.publish, Some(Publish::Copy { retry_count: 2, delay: Duration::ZERO }));
+    assert_eq!(first.disposition, Some(Disposition::Accepted));
+    assert_eq!(handled_copy.attempt, 3);
+    let (_, original) = watch.next_with_id(&f).await?;
+    assert_eq!(retry_count(&original), Some(1));
+    let (_, copy) = watch.next_with_id(&f).await?;
+    assert!(copy.header.is_none());
+    assert_eq!(retry_count(&copy), Some(2));
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_10_retry_after_at_the_limit_goes_to_the_dla() -> anyhow::Result<()> {
+    let q = unique("v10");
+    let dla = format!("{q}.dla");
+    let dla_line = format!("dead_letter = \"{dla}\"");
+    let (mut host, mut client) = setup(&q, &["max_attempts = 3", &dla_line]).await?;
+    let sent = TestMessage::new(&q, "x").retry_count(2).script("3:after=1000");
+    client.publish(&q, sent.build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.attempt, 3);
+    assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
+    assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    let mut dead = client.watch(&dla).await?;
+    let (_, got) = dead.next_with_id(&q).await?;
+    assert_same_message(&got, &sent);
+    dead.close().await;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
+/// Publishes a sentinel and asserts it is the next message on the watched
+/// address: nothing else was published in between.
+async fn assert_nothing_else_published(
+    client: &mut Client,
+    watch: &mut crate::client::Watcher,
+    address: &str,
+) -> anyhow::Result<()> {
+    let sentinel = format!("{address}.sentinel");
+    client.publish(address, TestMessage::new(&sentinel, "sentinel").build()).await?;
+    let (_, next) = watch.next().await?;
+    assert_eq!(message_id(&next).as_deref(), Some(sentinel.as_str()), "unexpected message {next:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_12_at_most_once_ack_and_drop_are_unsupported_and_silent() -> anyhow::Result<()> {
+    let f = unique("fanout.v12");
+    let (mut host, mut client) = setup(&f, &["settle = \"at-most-once\""]).await?;
+    let mut watch = client.watch(&f).await?;
+    for (id, script) in [(format!("{f}.ack"), "*:ack"), (format!("{f}.drop"), "*:drop")] {
+        client.publish(&f, TestMessage::new(&id, "x").script(script).build()).await?;
+        let handled = host.handled(&id).await?;
+        assert!(handled.plan.unsupported);
+        assert_eq!(handled.disposition, None);
+        assert_eq!(handled.plan.publish, None);
+        watch.next_with_id(&id).await?;
+    }
+    assert_nothing_else_published(&mut client, &mut watch, &f).await?;
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_13_at_most_once_retry_with_a_broker_counter_makes_no_copy() -> anyhow::Result<()> {
+    let f = unique("fanout.v13");
+    let (mut host, mut client) =
+        setup(&f, &["settle = \"at-most-once\"", "max_attempts = 3"]).await?;
+    let mut watch = client.watch(&f).await?;
+    client.publish(&f, TestMessage::new(&f, "x").header(0).script("*:retry").build()).await?;
+    let handled = host.handled(&f).await?;
+    assert!(handled.plan.unsupported);
+    assert_eq!(handled.plan.publish, None);
+    watch.next_with_id(&f).await?;
+    assert_nothing_else_published(&mut client, &mut watch, &f).await?;
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_14_at_most_once_retry_without_a_counter_copies_at_once() -> anyhow::Result<()> {
+    let f = unique("fanout.v14");
+    let (mut host, mut client) =
+        setup(&f, &["settle = \"at-most-once\"", "max_attempts = 3"]).await?;
+    let mut watch = client.watch(&f).await?;
+    client.publish(&f, TestMessage::new(&f, "x").script("1:retry *:ack").build()).await?;
+    let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
+    assert!(first.plan.unsupported);
+    assert_eq!(first.plan.publish, Some(Publish::Copy { retry_count: 1, delay: Duration::ZERO }));
+    assert_eq!(handled_copy.attempt, 2);
+    watch.next_with_id(&f).await?;
+    let (_, copy) = watch.next_with_id(&f).await?;
+    assert!(copy.header.is_none());
+    assert_eq!(retry_count(&copy), Some(1));
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_15_at_most_once_retry_after_copies_later() -> anyhow::Result<()> {
+    let f = unique("fanout.v15");
+    let (mut host, mut client) = setup(&f, &["settle = \"at-most-once\""]).await?;
+    let mut watch = client.watch(&f).await?;
+    let published = Instant::now();
+    client.publish(&f, TestMessage::new(&f, "x").script("1:after=1000 *:ack").build()).await?;
+    let first = host.handled(&f).await?;
+    assert!(!first.plan.unsupported);
+    watch.next_with_id(&f).await?;
+    let (arrived, copy) = watch.next_with_id(&f).await?;
+    assert!(arrived - published >= Duration::from_secs(1), "copy after {:?}", arrived - published);
+    assert!(copy.header.is_none());
+    assert_eq!(retry_count(&copy), Some(1));
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_16_at_most_once_retry_at_the_limit_goes_to_the_dla() -> anyhow::Result<()> {
+    let q = unique("v16");
+    let dla = format!("{q}.dla");
+    let dla_line = format!("dead_letter = \"{dla}\"");
+    let (mut host, mut client) =
+        setup(&q, &["settle = \"at-most-once\"", "max_attempts = 2", &dla_line]).await?;
+    let sent = TestMessage::new(&q, "x").retry_count(1).script("2:retry");
+    client.publish(&q, sent.build()).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.attempt, 2);
+    assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
+    host.stop().await?;
+    let mut dead = client.watch(&dla).await?;
+    let (_, got) = dead.next_with_id(&q).await?;
+    assert_same_message(&got, &sent);
+    dead.close().await;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn vector_17_a_trapping_handler_is_retried_with_modified() -> anyhow::Result<()> {
+    let q = unique("v17");
+    let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
+    client.publish(&q, TestMessage::new(&q, "x").header(0).script("1:trap *:ack").build()).await?;
+    let first = host.handled(&q).await?;
+    assert!(first.failure.as_deref().is_some_and(|f| f.contains("trapped")), "{first:?}");
+    assert_eq!(first.outcome, Outcome::Retry);
+    assert_eq!(first.disposition, Some(Disposition::Modified));
+    let again = host.handled(&q).await?;
+    assert_eq!(again.attempt, 2);
+    assert_eq!(again.counters.delivery_count, Some(1));
+    assert_eq!(again.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    assert_gone(&mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}

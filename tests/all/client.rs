@@ -1,0 +1,240 @@
+//! A plain AMQP client for tests: publish crafted messages, watch addresses,
+//! ask the broker what its queues hold.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::messaging::{
+    ApplicationProperties, Body, Header, Message, Outcome, Properties,
+};
+use fe2o3_amqp::types::primitives::{SimpleValue, Value};
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use wharf::broker::message::AmqpMessage;
+use wharf::settlement::RETRY_COUNT_PROPERTY;
+
+use crate::{DEADLINE, unique};
+
+/// A test message: id, body, and what the fixture handler should do.
+pub(crate) struct TestMessage {
+    id: String,
+    body: String,
+    header: Option<u32>,
+    properties: Vec<(String, SimpleValue)>,
+}
+
+impl TestMessage {
+    pub(crate) fn new(id: &str, body: &str) -> TestMessage {
+        TestMessage {
+            id: id.to_owned(),
+            body: body.to_owned(),
+            header: None,
+            properties: Vec::new(),
+        }
+    }
+
+    /// Gives the message a header section with this delivery-count.
+    pub(crate) fn header(mut self, delivery_count: u32) -> TestMessage {
+        self.header = Some(delivery_count);
+        self
+    }
+
+    /// Makes the message look like a copy with this retry count.
+    pub(crate) fn retry_count(self, retry_count: u32) -> TestMessage {
+        self.property(RETRY_COUNT_PROPERTY, SimpleValue::Uint(retry_count))
+    }
+
+    /// The fixture's `script` property.
+    pub(crate) fn script(self, script: &str) -> TestMessage {
+        self.property("script", SimpleValue::String(script.to_owned()))
+    }
+
+    pub(crate) fn property(mut self, key: &str, value: SimpleValue) -> TestMessage {
+        self.properties.push((key.to_owned(), value));
+        self
+    }
+
+    pub(crate) fn build(&self) -> AmqpMessage {
+        let mut properties = ApplicationProperties::builder();
+        for (key, value) in &self.properties {
+            properties = properties.insert(key.as_str(), value.clone());
+        }
+        Message::builder()
+            .header(self.header.map(|delivery_count| Header {
+                durable: true,
+                delivery_count,
+                ..Header::default()
+            }))
+            .properties(
+                Properties::builder()
+                    .message_id(self.id.clone())
+                    .content_type("text/plain")
+                    .build(),
+            )
+            .application_properties(properties.build())
+            .body(Body::Value(fe2o3_amqp::types::messaging::AmqpValue(
+                Value::String(self.body.clone()),
+            )))
+            .build()
+    }
+}
+
+/// One connection and session to a broker.
+pub(crate) struct Client {
+    connection: ConnectionHandle<()>,
+    session: SessionHandle<()>,
+    senders: HashMap<String, Sender>,
+    management: Option<(Sender, Receiver, String)>,
+}
+
+impl Client {
+    pub(crate) async fn connect(url: &str) -> anyhow::Result<Client> {
+        let mut connection = Connection::open(unique("wharf-test-client"), url)
+            .await
+            .with_context(|| format!("cannot connect to {url}: is the broker running? (scripts/test starts it)"))?;
+        let session = Session::begin(&mut connection).await?;
+        Ok(Client {
+            connection,
+            session,
+            senders: HashMap::new(),
+            management: None,
+        })
+    }
+
+    /// Publishes and waits for `accepted`.
+    pub(crate) async fn publish(&mut self, address: &str, message: AmqpMessage) -> anyhow::Result<()> {
+        if !self.senders.contains_key(address) {
+            let sender =
+                Sender::attach(&mut self.session, unique("test-sender"), address).await?;
+            self.senders.insert(address.to_owned(), sender);
+        }
+        let sender = self.senders.get_mut(address).expect("inserted above");
+        match sender.send(message).await? {
+            Outcome::Accepted(_) => Ok(()),
+            other => bail!("publish to {address}: broker answered {other:?}"),
+        }
+    }
+
+    /// A receiver on `address` (attach it before the messages it should see
+    /// are published, on fanout addresses).
+    pub(crate) async fn watch(&mut self, address: &str) -> anyhow::Result<Watcher> {
+        let receiver = Receiver::attach(&mut self.session, unique("test-watch"), address).await?;
+        Ok(Watcher { receiver })
+    }
+
+    /// How many messages an Artemis queue holds (0 if it does not exist),
+    /// asked of the broker's management address.
+    pub(crate) async fn artemis_count(&mut self, queue: &str) -> anyhow::Result<u64> {
+        if self.management.is_none() {
+            let replies = unique("test.replies");
+            let sender =
+                Sender::attach(&mut self.session, unique("mgmt"), "activemq.management").await?;
+            let receiver =
+                Receiver::attach(&mut self.session, unique("mgmt-replies"), replies.as_str())
+                    .await?;
+            self.management = Some((sender, receiver, replies));
+        }
+        let (sender, receiver, replies) = self.management.as_mut().expect("set above");
+        let request = Message::builder()
+            .properties(Properties::builder().reply_to(replies.clone()).build())
+            .application_properties(
+                ApplicationProperties::builder()
+                    .insert("_AMQ_ResourceName", format!("queue.{queue}"))
+                    .insert("_AMQ_OperationName", "countMessages")
+                    .build(),
+            )
+            .value("[]")
+            .build();
+        sender.send(request).await?;
+        let reply = tokio::time::timeout(DEADLINE, receiver.recv::<Body<Value>>())
+            .await
+            .context("no management reply")??;
+        receiver.accept(&reply).await?;
+        let text = match reply.body() {
+            Body::Value(v) => match &v.0 {
+                Value::String(s) => s.clone(),
+                other => bail!("management reply body {other:?}"),
+            },
+            other => bail!("management reply body {other:?}"),
+        };
+        let ok = reply
+            .message()
+            .application_properties
+            .as_ref()
+            .and_then(|p| p.0.get("_AMQ_OperationSucceeded"))
+            == Some(&SimpleValue::Bool(true));
+        if !ok {
+            if text.contains("AMQ229067") {
+                return Ok(0); // no such queue
+            }
+            bail!("management query for {queue} failed: {text}");
+        }
+        text.trim_matches(|c| c == '[' || c == ']')
+            .parse()
+            .with_context(|| format!("management reply {text}"))
+    }
+
+    pub(crate) async fn close(mut self) {
+        for (_, sender) in self.senders.drain() {
+            let _ = sender.close().await;
+        }
+        if let Some((sender, receiver, _)) = self.management.take() {
+            let _ = sender.close().await;
+            let _ = receiver.close().await;
+        }
+        let _ = self.session.end().await;
+        let _ = self.connection.close().await;
+    }
+}
+
+/// Messages arriving on one address, each accepted on receipt.
+pub(crate) struct Watcher {
+    receiver: Receiver,
+}
+
+impl Watcher {
+    /// The next message, and when it arrived.
+    pub(crate) async fn next(&mut self) -> anyhow::Result<(Instant, AmqpMessage)> {
+        let delivery = tokio::time::timeout(DEADLINE, self.receiver.recv::<Body<Value>>())
+            .await
+            .context("no message arrived in time")??;
+        let arrived = Instant::now();
+        self.receiver.accept(&delivery).await?;
+        Ok((arrived, delivery.into_message()))
+    }
+
+    /// The next message whose id is `id`, skipping others.
+    pub(crate) async fn next_with_id(&mut self, id: &str) -> anyhow::Result<(Instant, AmqpMessage)> {
+        loop {
+            let (at, message) = self.next().await?;
+            if message_id(&message).as_deref() == Some(id) {
+                return Ok((at, message));
+            }
+        }
+    }
+
+    pub(crate) async fn close(self) {
+        let _ = self.receiver.close().await;
+    }
+}
+
+pub(crate) fn message_id(message: &AmqpMessage) -> Option<String> {
+    wharf::broker::message::message_id(message)
+}
+
+/// The `x-ruststream-retry-count` of a message.
+pub(crate) fn retry_count(message: &AmqpMessage) -> Option<u32> {
+    wharf::broker::message::counters(message).retry_count
+}
+
+pub(crate) fn body_text(message: &AmqpMessage) -> String {
+    match &message.body {
+        Body::Value(v) => match &v.0 {
+            Value::String(s) => s.clone(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,2 @@
+//! Failing and hostile handlers: each failure is a retry, and the host keeps
+//! serving everyone else.

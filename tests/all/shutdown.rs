@@ -1,0 +1,1 @@
+//! Stopping: gracefully (finish, settle, publish early) and by being killed.

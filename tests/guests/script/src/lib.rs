@@ -1,0 +1,78 @@
+//! Does what the message's `script` application property says for the
+//! attempt it is on, so a test chooses each delivery's fate.
+//!
+//! `script` is a space-separated list of `ATTEMPT:ACTION` (or `*:ACTION`
+//! for any other attempt); without a match the delivery is acked. Actions:
+//! `ack`, `retry`, `drop`, `after=MS` (retry after MS milliseconds), `trap`
+//! (panic), `spin` (loop forever), `hog` (allocate until refused), `print`
+//! (write to stdout, then ack), `busy=MS` (compute for MS milliseconds, then
+//! ack).
+
+use std::time::Duration;
+
+use wharf_guest::{Delivery, Outcome, log};
+
+fn handle(d: Delivery) -> Outcome {
+    let action = d
+        .property_str("script")
+        .and_then(|script| action_for(script, d.attempt))
+        .unwrap_or("ack")
+        .to_owned();
+    log::info(&format!("attempt {}: {action}", d.attempt));
+    match action.as_str() {
+        "retry" => Outcome::Retry,
+        "drop" => Outcome::Drop,
+        "trap" => panic!("fixture asked to trap on attempt {}", d.attempt),
+        "spin" => spin(),
+        "hog" => hog(),
+        "print" => {
+            println!("hello from attempt {}", d.attempt);
+            Outcome::Ack
+        }
+        other => {
+            if let Some(Ok(ms)) = other.strip_prefix("after=").map(str::parse) {
+                return Outcome::retry_after(Duration::from_millis(ms));
+            }
+            if let Some(Ok(ms)) = other.strip_prefix("busy=").map(str::parse) {
+                busy(Duration::from_millis(ms));
+            }
+            Outcome::Ack
+        }
+    }
+}
+
+fn action_for(script: &str, attempt: u32) -> Option<&str> {
+    let mut fallback = None;
+    for step in script.split_whitespace() {
+        let (when, action) = step.split_once(':')?;
+        if when == "*" {
+            fallback = Some(action);
+        } else if when.parse() == Ok(attempt) {
+            return Some(action);
+        }
+    }
+    fallback
+}
+
+fn spin() -> Outcome {
+    let mut n: u64 = 0;
+    loop {
+        n = std::hint::black_box(n.wrapping_add(1));
+    }
+}
+
+fn busy(time: Duration) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < time {
+        std::hint::spin_loop();
+    }
+}
+
+fn hog() -> Outcome {
+    let mut chunks = Vec::new();
+    loop {
+        chunks.push(std::hint::black_box(vec![1u8; 1 << 20]));
+    }
+}
+
+wharf_guest::handler!(handle);
