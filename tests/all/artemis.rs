@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use wharf::events::Event;
 use wharf::settlement::{Disposition, Outcome, Publish};
 
 use crate::client::{Client, TestMessage, body_text, message_id, retry_count};
@@ -106,6 +107,7 @@ async fn vector_02_drop_is_rejected_and_the_broker_dead_letters_it() -> anyhow::
 async fn vector_03_retry_is_modified_and_the_broker_counts_it() -> anyhow::Result<()> {
     let q = unique("v03");
     let (mut host, mut client) = setup(&q, &[]).await?;
+    assert!(host.seen(|e| matches!(e, Event::MountReady { modified_supported: true, .. })));
     client.publish(&q, TestMessage::new(&q, "x").header(7).script("8:retry *:ack").build()).await?;
     let first = host.handled(&q).await?;
     assert_eq!(first.attempt, 8);

@@ -1,2 +1,138 @@
 //! Failing and hostile handlers: each failure is a retry, and the host keeps
-//! serving everyone else.
+//! serving everyone else. Bad modules and configs are refused at load.
+
+use wharf::config::Config;
+use wharf::events::Event;
+use wharf::settlement::Disposition;
+use wharf::{Host, HostError};
+
+use crate::client::{Client, TestMessage};
+use crate::shutdown::wharf_binary;
+use crate::{MountToml, TestHost, artemis_url, config_text, repo_root, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving()
+-> anyhow::Result<()> {
+    let stuck = unique("spin");
+    let healthy = unique("healthy");
+    let url = artemis_url();
+    let mounts = [
+        MountToml::new("stuck", "fixture_script", &stuck)
+            .with("timeout = \"5s\"")
+            .with("concurrency = 1")
+            .with("max_attempts = 2"),
+        MountToml::new("healthy", "fixture_script", &healthy),
+    ];
+    let mut host = TestHost::start(&url, &mounts).await?;
+    let mut client = Client::connect(&url).await?;
+    client.publish(&stuck, TestMessage::new(&stuck, "loop").header(0).script("*:spin").build()).await?;
+    host.started(&stuck).await?;
+    let ids: Vec<String> = (0..20).map(|n| format!("{healthy}.{n}")).collect();
+    for id in &ids {
+        client.publish(&healthy, TestMessage::new(id, "ok").build()).await?;
+    }
+    for id in &ids {
+        assert_eq!(host.handled(id).await?.disposition, Some(Disposition::Accepted));
+    }
+    // All of that happened while the stuck handler was still spinning.
+    assert!(!host.seen(|e| matches!(e, Event::Handled(h) if &*h.mount == "stuck")));
+    let first = host.handled(&stuck).await?;
+    assert!(first.failure.as_deref().is_some_and(|f| f.contains("timeout")), "{first:?}");
+    assert_eq!(first.disposition, Some(Disposition::Modified));
+    let last = host.handled(&stuck).await?;
+    assert_eq!(last.attempt, 2);
+    assert_eq!(last.disposition, Some(Disposition::Rejected));
+    host.stop().await?;
+    assert_eq!(client.artemis_count(&format!("DLQ.{stuck}")).await?, 1);
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<()> {
+    let q = unique("hog");
+    let url = artemis_url();
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("memory = \"16MiB\"")
+        .with("max_attempts = 2");
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let mut client = Client::connect(&url).await?;
+    client.publish(&q, TestMessage::new(&q, "hog").header(0).script("*:hog").build()).await?;
+    let first = host.handled(&q).await?;
+    assert!(
+        first.failure.as_deref().is_some_and(|f| f.contains("memory limit of 16777216 bytes")),
+        "{first:?}"
+    );
+    assert_eq!(first.disposition, Some(Disposition::Modified));
+    assert_eq!(host.handled(&q).await?.disposition, Some(Disposition::Rejected));
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+fn load_error(module_bytes: &[u8]) -> String {
+    let module = std::env::temp_dir().join(format!("{}.wasm", unique("bad-module")));
+    std::fs::write(&module, module_bytes).expect("temp module");
+    let mut mount = MountToml::new("orders", "fixture_script", "q");
+    mount.module = module.clone();
+    let text = config_text(&artemis_url(), &[mount]);
+    let config = Config::parse(&text, &repo_root().join("test.toml")).expect("valid config");
+    let error = match Host::load(config) {
+        Err(HostError::Modules(errors)) => errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("a bad module was accepted"),
+    };
+    let _ = std::fs::remove_file(&module);
+    assert!(error.contains(&module.display().to_string()), "{error}");
+    assert!(error.contains("tenant `t`, mount `orders`"), "{error}");
+    error
+}
+
+#[test]
+fn a_file_that_is_not_a_component_is_refused_at_load() {
+    let error = load_error(b"not wasm at all");
+    assert!(error.contains("is not a valid wasm component"), "{error}");
+}
+
+#[test]
+fn a_component_without_the_handler_export_is_refused_at_load() {
+    let error = load_error(b"(component)");
+    assert!(error.contains("does not export `handle"), "{error}");
+}
+
+#[test]
+fn a_component_importing_what_the_host_lacks_is_refused_naming_the_import() {
+    let error = load_error(
+        br#"(component (import "acme:secret/vault" (instance (export "open" (func)))))"#,
+    );
+    assert!(error.contains("acme:secret/vault"), "{error}");
+}
+
+#[test]
+fn wharf_check_accepts_the_examples_and_refuses_a_bad_config() {
+    let examples = repo_root().join("examples/wharf.toml");
+    let ok = std::process::Command::new(wharf_binary())
+        .args(["check", "--config"])
+        .arg(&examples)
+        .output()
+        .expect("wharf runs");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+
+    let bad = std::env::temp_dir().join(format!("{}.toml", unique("bad-config")));
+    std::fs::write(&bad, "[broker]\nurl = \"amqp://x\"\nretries = 3\n").expect("temp config");
+    let refused = std::process::Command::new(wharf_binary())
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .expect("wharf runs");
+    let _ = std::fs::remove_file(&bad);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains(&bad.display().to_string()), "{stderr}");
+    assert!(stderr.contains("line 3"), "{stderr}");
+    assert!(stderr.contains("unknown field `retries`"), "{stderr}");
+}

@@ -113,37 +113,72 @@ pub(crate) fn config_text(url: &str, mounts: &[MountToml]) -> String {
 pub(crate) struct TestHost {
     host: Option<RunningHost>,
     events: broadcast::Receiver<Event>,
+    /// Events read while looking for another one, oldest first.
+    backlog: Vec<Event>,
 }
 
 impl TestHost {
     /// Starts a host and waits until every mount is attached.
     pub(crate) async fn start(url: &str, mounts: &[MountToml]) -> anyhow::Result<TestHost> {
+        init_logging();
         let text = config_text(url, mounts);
         let config = Config::parse(&text, &repo_root().join("test.toml"))?;
         let host = Host::load(config)?;
-        let mut events = host.subscribe();
-        let host = host.start().await?;
-        let mut ready = 0;
-        while ready < mounts.len() {
-            if let Event::MountReady { .. } = next_event(&mut events).await? {
-                ready += 1;
+        let events = host.subscribe();
+        let mut host = TestHost {
+            host: Some(host.start().await?),
+            events,
+            backlog: Vec::new(),
+        };
+        let mut ready = Vec::new();
+        for _ in mounts {
+            ready.push(host.next(|e| matches!(e, Event::MountReady { .. }).then(|| e.clone())).await?);
+        }
+        // Kept for tests that look at what the broker offered.
+        host.backlog.extend(ready);
+        Ok(host)
+    }
+
+    /// The first event (from the backlog, then the stream) that `pick`
+    /// takes; the others stay for later calls.
+    pub(crate) async fn next<T>(&mut self, pick: impl Fn(&Event) -> Option<T>) -> anyhow::Result<T> {
+        if let Some(i) = self.backlog.iter().position(|e| pick(e).is_some()) {
+            let event = self.backlog.remove(i);
+            return Ok(pick(&event).expect("picked above"));
+        }
+        loop {
+            let event = next_event(&mut self.events).await?;
+            match pick(&event) {
+                Some(found) => return Ok(found),
+                None => self.backlog.push(event),
             }
         }
-        Ok(TestHost {
-            host: Some(host),
-            events,
-        })
+    }
+
+    /// Whether an event `pick` takes has already arrived (without waiting).
+    pub(crate) fn seen(&mut self, pick: impl Fn(&Event) -> bool) -> bool {
+        while let Ok(event) = self.events.try_recv() {
+            self.backlog.push(event);
+        }
+        self.backlog.iter().any(pick)
     }
 
     /// The next handled delivery of message `id`.
     pub(crate) async fn handled(&mut self, id: &str) -> anyhow::Result<Handled> {
-        loop {
-            if let Event::Handled(h) = next_event(&mut self.events).await?
-                && h.message_id.as_deref() == Some(id)
-            {
-                return Ok(h);
-            }
-        }
+        self.next(|e| match e {
+            Event::Handled(h) if h.message_id.as_deref() == Some(id) => Some(h.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Waits until a handler has started on message `id`.
+    pub(crate) async fn started(&mut self, id: &str) -> anyhow::Result<()> {
+        self.next(|e| match e {
+            Event::Started { message_id, .. } if message_id.as_deref() == Some(id) => Some(()),
+            _ => None,
+        })
+        .await
     }
 
     /// The next `n` handled deliveries of message `id`, by attempt: a copy
@@ -157,35 +192,6 @@ impl TestHost {
         Ok(all)
     }
 
-    /// The next handled delivery of message `id` on `mount`.
-    pub(crate) async fn handled_on(&mut self, mount: &str, id: &str) -> anyhow::Result<Handled> {
-        loop {
-            let h = self.handled(id).await?;
-            if &*h.mount == mount {
-                return Ok(h);
-            }
-        }
-    }
-
-    /// Waits for the delayed copy of message `id` to be published.
-    pub(crate) async fn copy_published(&mut self, id: &str) -> anyhow::Result<u32> {
-        loop {
-            if let Event::CopyPublished {
-                message_id,
-                retry_count,
-                error,
-                ..
-            } = next_event(&mut self.events).await?
-                && message_id.as_deref() == Some(id)
-            {
-                if let Some(error) = error {
-                    bail!("copy of {id} was not published: {error}");
-                }
-                return Ok(retry_count);
-            }
-        }
-    }
-
     /// Shuts the host down gracefully.
     pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(host) = self.host.take() {
@@ -195,6 +201,16 @@ impl TestHost {
         }
         Ok(())
     }
+}
+
+/// Host logs go to the test's captured output: shown only when it fails.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 async fn next_event(events: &mut broadcast::Receiver<Event>) -> anyhow::Result<Event> {
