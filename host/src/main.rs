@@ -11,7 +11,11 @@ use wharf::config::Config;
 use wharf::{Host, HostError};
 
 #[derive(Parser)]
-#[command(name = "wharf", version, about = "Runs WebAssembly handlers on AMQP 1.0 messages")]
+#[command(
+    name = "wharf",
+    version,
+    about = "Runs WebAssembly handlers on AMQP 1.0 messages"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -68,7 +68,10 @@ fn assert_same_message(got: &wharf::broker::message::AmqpMessage, sent: &TestMes
     let sent = sent.build();
     assert_eq!(got.header, sent.header, "header");
     assert_eq!(got.properties, sent.properties, "properties");
-    assert_eq!(got.application_properties, sent.application_properties, "application properties");
+    assert_eq!(
+        got.application_properties, sent.application_properties,
+        "application properties"
+    );
     assert_eq!(got.body, sent.body, "body");
 }
 
@@ -76,7 +79,12 @@ fn assert_same_message(got: &wharf::broker::message::AmqpMessage, sent: &TestMes
 async fn vector_01_ack_is_accepted() -> anyhow::Result<()> {
     let q = unique("v01");
     let (mut host, mut client) = setup(&q, &[]).await?;
-    client.publish(&q, TestMessage::new(&q, "hi").header(0).script("*:ack").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "hi").header(0).script("*:ack").build(),
+        )
+        .await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.outcome, Outcome::Ack);
     assert_eq!(handled.disposition, Some(Disposition::Accepted));
@@ -90,7 +98,15 @@ async fn vector_01_ack_is_accepted() -> anyhow::Result<()> {
 async fn vector_02_drop_is_rejected_and_the_broker_dead_letters_it() -> anyhow::Result<()> {
     let q = unique("v02");
     let (mut host, mut client) = setup(&q, &[]).await?;
-    client.publish(&q, TestMessage::new(&q, "bad").header(0).script("*:drop").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "bad")
+                .header(0)
+                .script("*:drop")
+                .build(),
+        )
+        .await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.disposition, Some(Disposition::Rejected));
     host.stop().await?;
@@ -107,8 +123,22 @@ async fn vector_02_drop_is_rejected_and_the_broker_dead_letters_it() -> anyhow::
 async fn vector_03_retry_is_modified_and_the_broker_counts_it() -> anyhow::Result<()> {
     let q = unique("v03");
     let (mut host, mut client) = setup(&q, &[]).await?;
-    assert!(host.seen(|e| matches!(e, Event::MountReady { modified_supported: true, .. })));
-    client.publish(&q, TestMessage::new(&q, "x").header(7).script("8:retry *:ack").build()).await?;
+    assert!(host.seen(|e| matches!(
+        e,
+        Event::MountReady {
+            modified_supported: true,
+            ..
+        }
+    )));
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x")
+                .header(7)
+                .script("8:retry *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&q).await?;
     assert_eq!(first.attempt, 8);
     assert_eq!(first.disposition, Some(Disposition::Modified));
@@ -127,7 +157,15 @@ async fn vector_03_retry_is_modified_and_the_broker_counts_it() -> anyhow::Resul
 async fn vector_04_retry_below_the_limit_is_modified() -> anyhow::Result<()> {
     let q = unique("v04");
     let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
-    client.publish(&q, TestMessage::new(&q, "x").header(1).script("2:retry *:ack").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x")
+                .header(1)
+                .script("2:retry *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&q).await?;
     assert_eq!(first.attempt, 2);
     assert_eq!(first.disposition, Some(Disposition::Modified));
@@ -142,7 +180,15 @@ async fn vector_04_retry_below_the_limit_is_modified() -> anyhow::Result<()> {
 async fn vector_05_retry_at_the_limit_without_dla_is_rejected() -> anyhow::Result<()> {
     let q = unique("v05");
     let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
-    client.publish(&q, TestMessage::new(&q, "x").header(2).script("3:retry").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x")
+                .header(2)
+                .script("3:retry")
+                .build(),
+        )
+        .await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 3);
     assert_eq!(handled.disposition, Some(Disposition::Rejected));
@@ -203,13 +249,25 @@ async fn vector_08_retry_after_rejects_then_publishes_a_copy_later() -> anyhow::
     let (mut host, mut client) = setup(&f, &[]).await?;
     let mut watch = client.watch(&f).await?;
     let published = Instant::now();
-    client.publish(&f, TestMessage::new(&f, "later").header(0).script("1:after=2000 *:ack").build()).await?;
+    client
+        .publish(
+            &f,
+            TestMessage::new(&f, "later")
+                .header(0)
+                .script("1:after=2000 *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&f).await?;
     assert_eq!(first.disposition, Some(Disposition::Rejected));
     let (_, original) = watch.next_with_id(&f).await?;
     assert!(original.header.is_some());
     let (arrived, copy) = watch.next_with_id(&f).await?;
-    assert!(arrived - published >= Duration::from_secs(2), "copy after {:?}", arrived - published);
+    assert!(
+        arrived - published >= Duration::from_secs(2),
+        "copy after {:?}",
+        arrived - published
+    );
     assert!(copy.header.is_none(), "a copy has no header");
     assert_eq!(retry_count(&copy), Some(1));
     assert_eq!(body_text(&copy), "later");
@@ -227,10 +285,24 @@ async fn vector_09_retry_of_a_copy_below_the_limit_copies_now_then_accepts() -> 
     let f = unique("fanout.v09");
     let (mut host, mut client) = setup(&f, &["max_attempts = 3"]).await?;
     let mut watch = client.watch(&f).await?;
-    client.publish(&f, TestMessage::new(&f, "x").retry_count(1).script("2:retry *:ack").build()).await?;
+    client
+        .publish(
+            &f,
+            TestMessage::new(&f, "x")
+                .retry_count(1)
+                .script("2:retry *:ack")
+                .build(),
+        )
+        .await?;
     let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
     assert_eq!(first.attempt, 2);
-    assert_eq!(first.plan.publish, Some(Publish::Copy { retry_count: 2, delay: Duration::ZERO }));
+    assert_eq!(
+        first.plan.publish,
+        Some(Publish::Copy {
+            retry_count: 2,
+            delay: Duration::ZERO
+        })
+    );
     assert_eq!(first.disposition, Some(Disposition::Accepted));
     assert_eq!(handled_copy.attempt, 3);
     let (_, original) = watch.next_with_id(&f).await?;
@@ -250,7 +322,9 @@ async fn vector_10_retry_after_at_the_limit_goes_to_the_dla() -> anyhow::Result<
     let dla = format!("{q}.dla");
     let dla_line = format!("dead_letter = \"{dla}\"");
     let (mut host, mut client) = setup(&q, &["max_attempts = 3", &dla_line]).await?;
-    let sent = TestMessage::new(&q, "x").retry_count(2).script("3:after=1000");
+    let sent = TestMessage::new(&q, "x")
+        .retry_count(2)
+        .script("3:after=1000");
     client.publish(&q, sent.build()).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 3);
@@ -274,9 +348,15 @@ async fn assert_nothing_else_published(
     address: &str,
 ) -> anyhow::Result<()> {
     let sentinel = format!("{address}.sentinel");
-    client.publish(address, TestMessage::new(&sentinel, "sentinel").build()).await?;
+    client
+        .publish(address, TestMessage::new(&sentinel, "sentinel").build())
+        .await?;
     let (_, next) = watch.next().await?;
-    assert_eq!(message_id(&next).as_deref(), Some(sentinel.as_str()), "unexpected message {next:?}");
+    assert_eq!(
+        message_id(&next).as_deref(),
+        Some(sentinel.as_str()),
+        "unexpected message {next:?}"
+    );
     Ok(())
 }
 
@@ -285,8 +365,13 @@ async fn vector_12_at_most_once_ack_and_drop_are_unsupported_and_silent() -> any
     let f = unique("fanout.v12");
     let (mut host, mut client) = setup(&f, &["settle = \"at-most-once\""]).await?;
     let mut watch = client.watch(&f).await?;
-    for (id, script) in [(format!("{f}.ack"), "*:ack"), (format!("{f}.drop"), "*:drop")] {
-        client.publish(&f, TestMessage::new(&id, "x").script(script).build()).await?;
+    for (id, script) in [
+        (format!("{f}.ack"), "*:ack"),
+        (format!("{f}.drop"), "*:drop"),
+    ] {
+        client
+            .publish(&f, TestMessage::new(&id, "x").script(script).build())
+            .await?;
         let handled = host.handled(&id).await?;
         assert!(handled.plan.unsupported);
         assert_eq!(handled.disposition, None);
@@ -306,7 +391,15 @@ async fn vector_13_at_most_once_retry_with_a_broker_counter_makes_no_copy() -> a
     let (mut host, mut client) =
         setup(&f, &["settle = \"at-most-once\"", "max_attempts = 3"]).await?;
     let mut watch = client.watch(&f).await?;
-    client.publish(&f, TestMessage::new(&f, "x").header(0).script("*:retry").build()).await?;
+    client
+        .publish(
+            &f,
+            TestMessage::new(&f, "x")
+                .header(0)
+                .script("*:retry")
+                .build(),
+        )
+        .await?;
     let handled = host.handled(&f).await?;
     assert!(handled.plan.unsupported);
     assert_eq!(handled.plan.publish, None);
@@ -324,10 +417,21 @@ async fn vector_14_at_most_once_retry_without_a_counter_copies_at_once() -> anyh
     let (mut host, mut client) =
         setup(&f, &["settle = \"at-most-once\"", "max_attempts = 3"]).await?;
     let mut watch = client.watch(&f).await?;
-    client.publish(&f, TestMessage::new(&f, "x").script("1:retry *:ack").build()).await?;
+    client
+        .publish(
+            &f,
+            TestMessage::new(&f, "x").script("1:retry *:ack").build(),
+        )
+        .await?;
     let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
     assert!(first.plan.unsupported);
-    assert_eq!(first.plan.publish, Some(Publish::Copy { retry_count: 1, delay: Duration::ZERO }));
+    assert_eq!(
+        first.plan.publish,
+        Some(Publish::Copy {
+            retry_count: 1,
+            delay: Duration::ZERO
+        })
+    );
     assert_eq!(handled_copy.attempt, 2);
     watch.next_with_id(&f).await?;
     let (_, copy) = watch.next_with_id(&f).await?;
@@ -345,12 +449,23 @@ async fn vector_15_at_most_once_retry_after_copies_later() -> anyhow::Result<()>
     let (mut host, mut client) = setup(&f, &["settle = \"at-most-once\""]).await?;
     let mut watch = client.watch(&f).await?;
     let published = Instant::now();
-    client.publish(&f, TestMessage::new(&f, "x").script("1:after=1000 *:ack").build()).await?;
+    client
+        .publish(
+            &f,
+            TestMessage::new(&f, "x")
+                .script("1:after=1000 *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&f).await?;
     assert!(!first.plan.unsupported);
     watch.next_with_id(&f).await?;
     let (arrived, copy) = watch.next_with_id(&f).await?;
-    assert!(arrived - published >= Duration::from_secs(1), "copy after {:?}", arrived - published);
+    assert!(
+        arrived - published >= Duration::from_secs(1),
+        "copy after {:?}",
+        arrived - published
+    );
     assert!(copy.header.is_none());
     assert_eq!(retry_count(&copy), Some(1));
     watch.close().await;
@@ -364,8 +479,11 @@ async fn vector_16_at_most_once_retry_at_the_limit_goes_to_the_dla() -> anyhow::
     let q = unique("v16");
     let dla = format!("{q}.dla");
     let dla_line = format!("dead_letter = \"{dla}\"");
-    let (mut host, mut client) =
-        setup(&q, &["settle = \"at-most-once\"", "max_attempts = 2", &dla_line]).await?;
+    let (mut host, mut client) = setup(
+        &q,
+        &["settle = \"at-most-once\"", "max_attempts = 2", &dla_line],
+    )
+    .await?;
     let sent = TestMessage::new(&q, "x").retry_count(1).script("2:retry");
     client.publish(&q, sent.build()).await?;
     let handled = host.handled(&q).await?;
@@ -385,9 +503,23 @@ async fn vector_16_at_most_once_retry_at_the_limit_goes_to_the_dla() -> anyhow::
 async fn vector_17_a_trapping_handler_is_retried_with_modified() -> anyhow::Result<()> {
     let q = unique("v17");
     let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
-    client.publish(&q, TestMessage::new(&q, "x").header(0).script("1:trap *:ack").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x")
+                .header(0)
+                .script("1:trap *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&q).await?;
-    assert!(first.failure.as_deref().is_some_and(|f| f.contains("trapped")), "{first:?}");
+    assert!(
+        first
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("trapped")),
+        "{first:?}"
+    );
     assert_eq!(first.outcome, Outcome::Retry);
     assert_eq!(first.disposition, Some(Disposition::Modified));
     let again = host.handled(&q).await?;

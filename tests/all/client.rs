@@ -93,7 +93,9 @@ impl Client {
     pub(crate) async fn connect(url: &str) -> anyhow::Result<Client> {
         let mut connection = Connection::open(unique("wharf-test-client"), url)
             .await
-            .with_context(|| format!("cannot connect to {url}: is the broker running? (scripts/test starts it)"))?;
+            .with_context(|| {
+                format!("cannot connect to {url}: is the broker running? (scripts/test starts it)")
+            })?;
         let session = Session::begin(&mut connection).await?;
         Ok(Client {
             connection,
@@ -104,10 +106,13 @@ impl Client {
     }
 
     /// Publishes and waits for `accepted`.
-    pub(crate) async fn publish(&mut self, address: &str, message: AmqpMessage) -> anyhow::Result<()> {
+    pub(crate) async fn publish(
+        &mut self,
+        address: &str,
+        message: AmqpMessage,
+    ) -> anyhow::Result<()> {
         if !self.senders.contains_key(address) {
-            let sender =
-                Sender::attach(&mut self.session, unique("test-sender"), address).await?;
+            let sender = Sender::attach(&mut self.session, unique("test-sender"), address).await?;
             self.senders.insert(address.to_owned(), sender);
         }
         let sender = self.senders.get_mut(address).expect("inserted above");
@@ -206,7 +211,10 @@ impl Watcher {
     }
 
     /// The next message whose id is `id`, skipping others.
-    pub(crate) async fn next_with_id(&mut self, id: &str) -> anyhow::Result<(Instant, AmqpMessage)> {
+    pub(crate) async fn next_with_id(
+        &mut self,
+        id: &str,
+    ) -> anyhow::Result<(Instant, AmqpMessage)> {
         loop {
             let (at, message) = self.next().await?;
             if message_id(&message).as_deref() == Some(id) {

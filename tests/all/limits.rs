@@ -25,19 +25,38 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
     ];
     let mut host = TestHost::start(&url, &mounts).await?;
     let mut client = Client::connect(&url).await?;
-    client.publish(&stuck, TestMessage::new(&stuck, "loop").header(0).script("*:spin").build()).await?;
+    client
+        .publish(
+            &stuck,
+            TestMessage::new(&stuck, "loop")
+                .header(0)
+                .script("*:spin")
+                .build(),
+        )
+        .await?;
     host.started(&stuck).await?;
     let ids: Vec<String> = (0..20).map(|n| format!("{healthy}.{n}")).collect();
     for id in &ids {
-        client.publish(&healthy, TestMessage::new(id, "ok").build()).await?;
+        client
+            .publish(&healthy, TestMessage::new(id, "ok").build())
+            .await?;
     }
     for id in &ids {
-        assert_eq!(host.handled(id).await?.disposition, Some(Disposition::Accepted));
+        assert_eq!(
+            host.handled(id).await?.disposition,
+            Some(Disposition::Accepted)
+        );
     }
     // All of that happened while the stuck handler was still spinning.
     assert!(!host.seen(|e| matches!(e, Event::Handled(h) if &*h.mount == "stuck")));
     let first = host.handled(&stuck).await?;
-    assert!(first.failure.as_deref().is_some_and(|f| f.contains("timeout")), "{first:?}");
+    assert!(
+        first
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("timeout")),
+        "{first:?}"
+    );
     assert_eq!(first.disposition, Some(Disposition::Modified));
     let last = host.handled(&stuck).await?;
     assert_eq!(last.attempt, 2);
@@ -57,14 +76,28 @@ async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<
         .with("max_attempts = 2");
     let mut host = TestHost::start(&url, &[mount]).await?;
     let mut client = Client::connect(&url).await?;
-    client.publish(&q, TestMessage::new(&q, "hog").header(0).script("*:hog").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "hog")
+                .header(0)
+                .script("*:hog")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&q).await?;
     assert!(
-        first.failure.as_deref().is_some_and(|f| f.contains("memory limit of 16777216 bytes")),
+        first
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("memory limit of 16777216 bytes")),
         "{first:?}"
     );
     assert_eq!(first.disposition, Some(Disposition::Modified));
-    assert_eq!(host.handled(&q).await?.disposition, Some(Disposition::Rejected));
+    assert_eq!(
+        host.handled(&q).await?.disposition,
+        Some(Disposition::Rejected)
+    );
     host.stop().await?;
     client.close().await;
     Ok(())
@@ -120,7 +153,11 @@ fn wharf_check_accepts_the_examples_and_refuses_a_bad_config() {
         .arg(&examples)
         .output()
         .expect("wharf runs");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 
     let bad = std::env::temp_dir().join(format!("{}.toml", unique("bad-config")));
     std::fs::write(&bad, "[broker]\nurl = \"amqp://x\"\nretries = 3\n").expect("temp config");

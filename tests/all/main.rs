@@ -26,7 +26,8 @@ use wharf::{Host, RunningHost};
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
 pub(crate) fn artemis_url() -> String {
-    std::env::var("WHARF_ARTEMIS_URL").unwrap_or_else(|_| "amqp://admin:admin@127.0.0.1:5672".into())
+    std::env::var("WHARF_ARTEMIS_URL")
+        .unwrap_or_else(|_| "amqp://admin:admin@127.0.0.1:5672".into())
 }
 
 pub(crate) fn rabbitmq_url() -> String {
@@ -43,7 +44,9 @@ pub(crate) fn repo_root() -> PathBuf {
 
 /// A compiled guest from `build/guests`.
 pub(crate) fn guest(name: &str) -> PathBuf {
-    let path = repo_root().join("build/guests").join(format!("{name}.wasm"));
+    let path = repo_root()
+        .join("build/guests")
+        .join(format!("{name}.wasm"));
     assert!(
         path.is_file(),
         "{} is missing: run scripts/build-guests",
@@ -132,7 +135,10 @@ impl TestHost {
         };
         let mut ready = Vec::new();
         for _ in mounts {
-            ready.push(host.next(|e| matches!(e, Event::MountReady { .. }).then(|| e.clone())).await?);
+            ready.push(
+                host.next(|e| matches!(e, Event::MountReady { .. }).then(|| e.clone()))
+                    .await?,
+            );
         }
         // Kept for tests that look at what the broker offered.
         host.backlog.extend(ready);
@@ -141,7 +147,10 @@ impl TestHost {
 
     /// The first event (from the backlog, then the stream) that `pick`
     /// takes; the others stay for later calls.
-    pub(crate) async fn next<T>(&mut self, pick: impl Fn(&Event) -> Option<T>) -> anyhow::Result<T> {
+    pub(crate) async fn next<T>(
+        &mut self,
+        pick: impl Fn(&Event) -> Option<T>,
+    ) -> anyhow::Result<T> {
         if let Some(i) = self.backlog.iter().position(|e| pick(e).is_some()) {
             let event = self.backlog.remove(i);
             return Ok(pick(&event).expect("picked above"));

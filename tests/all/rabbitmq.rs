@@ -22,7 +22,13 @@ fn queue(name: &str) -> String {
 /// How many messages (ready and unacknowledged) RabbitMQ holds in `name`.
 async fn count(name: &str) -> anyhow::Result<u64> {
     let output = tokio::process::Command::new("rabbitmqctl")
-        .args(["list_queues", "name", "messages", "--quiet", "--no-table-headers"])
+        .args([
+            "list_queues",
+            "name",
+            "messages",
+            "--quiet",
+            "--no-table-headers",
+        ])
         .output()
         .await
         .context("rabbitmqctl")?;
@@ -64,17 +70,42 @@ async fn setup(name: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Client)>
 async fn rabbitmq_does_not_offer_modified_so_retry_takes_the_copy_path() -> anyhow::Result<()> {
     let name = unique("rmq-retry");
     let (mut host, mut client) = setup(&name, &[]).await?;
-    assert!(host.seen(|e| matches!(e, Event::MountReady { modified_supported: false, .. })));
-    client.publish(&queue(&name), TestMessage::new(&name, "x").header(0).script("1:retry *:ack").build()).await?;
+    assert!(host.seen(|e| matches!(
+        e,
+        Event::MountReady {
+            modified_supported: false,
+            ..
+        }
+    )));
+    client
+        .publish(
+            &queue(&name),
+            TestMessage::new(&name, "x")
+                .header(0)
+                .script("1:retry *:ack")
+                .build(),
+        )
+        .await?;
     let [first, copy] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
-    assert_eq!(first.plan.publish, Some(Publish::Copy { retry_count: 1, delay: Duration::ZERO }));
+    assert_eq!(
+        first.plan.publish,
+        Some(Publish::Copy {
+            retry_count: 1,
+            delay: Duration::ZERO
+        })
+    );
     assert_eq!(first.disposition, Some(Disposition::Accepted));
     assert_eq!(copy.attempt, 2);
     assert_eq!(copy.counters.retry_count, Some(1));
     // The session survived: the link still takes and settles deliveries.
     let after = format!("{name}.after");
-    client.publish(&queue(&name), TestMessage::new(&after, "y").build()).await?;
-    assert_eq!(host.handled(&after).await?.disposition, Some(Disposition::Accepted));
+    client
+        .publish(&queue(&name), TestMessage::new(&after, "y").build())
+        .await?;
+    assert_eq!(
+        host.handled(&after).await?.disposition,
+        Some(Disposition::Accepted)
+    );
     assert!(!host.seen(|e| matches!(e, Event::MountStopped { .. })));
     host.stop().await?;
     assert_count(&name, 0).await?;
@@ -90,10 +121,23 @@ async fn rabbitmq_ack_and_drop() -> anyhow::Result<()> {
     let mut broker_dlq = client.watch(&queue("broker.dlq")).await?;
     let acked = format!("{name}.ack");
     let dropped = format!("{name}.drop");
-    client.publish(&queue(&name), TestMessage::new(&acked, "ok").build()).await?;
-    client.publish(&queue(&name), TestMessage::new(&dropped, "bad").script("*:drop").build()).await?;
-    assert_eq!(host.handled(&acked).await?.disposition, Some(Disposition::Accepted));
-    assert_eq!(host.handled(&dropped).await?.disposition, Some(Disposition::Rejected));
+    client
+        .publish(&queue(&name), TestMessage::new(&acked, "ok").build())
+        .await?;
+    client
+        .publish(
+            &queue(&name),
+            TestMessage::new(&dropped, "bad").script("*:drop").build(),
+        )
+        .await?;
+    assert_eq!(
+        host.handled(&acked).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    assert_eq!(
+        host.handled(&dropped).await?.disposition,
+        Some(Disposition::Rejected)
+    );
     broker_dlq.next_with_id(&dropped).await?;
     broker_dlq.close().await;
     host.stop().await?;
@@ -107,7 +151,14 @@ async fn rabbitmq_retry_after_publishes_a_copy_later() -> anyhow::Result<()> {
     let name = unique("rmq-later");
     let (mut host, mut client) = setup(&name, &[]).await?;
     let published = Instant::now();
-    client.publish(&queue(&name), TestMessage::new(&name, "x").script("1:after=1000 *:ack").build()).await?;
+    client
+        .publish(
+            &queue(&name),
+            TestMessage::new(&name, "x")
+                .script("1:after=1000 *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&name).await?;
     assert_eq!(first.disposition, Some(Disposition::Rejected));
     let copy = host.handled(&name).await?;
@@ -127,9 +178,20 @@ async fn rabbitmq_dead_letters_at_the_limit() -> anyhow::Result<()> {
     let dla_line = format!("dead_letter = \"{}\"", queue(&dla));
     let (mut host, mut client) = setup(&name, &["max_attempts = 2", &dla_line]).await?;
     let mut dead = client.watch(&queue(&dla)).await?;
-    client.publish(&queue(&name), TestMessage::new(&name, "poison").script("*:retry").build()).await?;
+    client
+        .publish(
+            &queue(&name),
+            TestMessage::new(&name, "poison").script("*:retry").build(),
+        )
+        .await?;
     let [first, last] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
-    assert_eq!(first.plan.publish, Some(Publish::Copy { retry_count: 1, delay: Duration::ZERO }));
+    assert_eq!(
+        first.plan.publish,
+        Some(Publish::Copy {
+            retry_count: 1,
+            delay: Duration::ZERO
+        })
+    );
     assert_eq!(last.attempt, 2);
     assert_eq!(last.plan.publish, Some(Publish::DeadLetter));
     assert_eq!(last.disposition, Some(Disposition::Accepted));
@@ -147,7 +209,14 @@ async fn rabbitmq_dead_letters_at_the_limit() -> anyhow::Result<()> {
 async fn rabbitmq_at_most_once() -> anyhow::Result<()> {
     let name = unique("rmq-amo");
     let (mut host, mut client) = setup(&name, &["settle = \"at-most-once\""]).await?;
-    client.publish(&queue(&name), TestMessage::new(&name, "x").script("1:after=500 *:ack").build()).await?;
+    client
+        .publish(
+            &queue(&name),
+            TestMessage::new(&name, "x")
+                .script("1:after=500 *:ack")
+                .build(),
+        )
+        .await?;
     let first = host.handled(&name).await?;
     assert_eq!(first.disposition, None);
     assert!(!first.plan.unsupported);

@@ -90,7 +90,15 @@ async fn vector_11_a_killed_host_leaves_the_delivery_to_the_broker() -> anyhow::
     let mount = MountToml::new("m", "fixture_script", &q).with("timeout = \"10m\"");
     let mut wharf = WharfProcess::start(&[mount]).await?;
     let mut client = Client::connect(&artemis_url()).await?;
-    client.publish(&q, TestMessage::new(&q, "stuck").header(0).script("*:spin").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "stuck")
+                .header(0)
+                .script("*:spin")
+                .build(),
+        )
+        .await?;
     wharf.wait_for_log("attempt 1: spin").await?;
     wharf.child.kill().await?;
     // No disposition was ever sent: the broker puts the message back when
@@ -108,10 +116,20 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
     let q = unique("sigterm");
     let mut wharf = WharfProcess::start(&[MountToml::new("m", "fixture_script", &q)]).await?;
     let mut client = Client::connect(&artemis_url()).await?;
-    client.publish(&q, TestMessage::new(&q, "x").script("1:after=600000").build()).await?;
-    wharf.wait_for_log("\"disposition\":\"Some(Rejected)\"").await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x").script("1:after=600000").build(),
+        )
+        .await?;
+    wharf
+        .wait_for_log("\"disposition\":\"Some(Rejected)\"")
+        .await?;
     let pid = wharf.child.id().context("running")?;
-    let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await?;
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await?;
     assert!(status.success());
     let exit = tokio::time::timeout(DEADLINE, wharf.child.wait()).await??;
     assert!(exit.success(), "wharf exited with {exit}");
@@ -131,7 +149,15 @@ async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyh
     let url = artemis_url();
     let mut host = TestHost::start(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
     let mut client = Client::connect(&url).await?;
-    client.publish(&q, TestMessage::new(&q, "slow").header(0).script("*:busy=1500").build()).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "slow")
+                .header(0)
+                .script("*:busy=1500")
+                .build(),
+        )
+        .await?;
     host.started(&q).await?;
     host.stop().await?;
     // Had the stop cut the handler short, the message would be back on the
@@ -148,8 +174,19 @@ async fn delayed_copy_is_published_when_the_host_stops() -> anyhow::Result<()> {
     let url = artemis_url();
     let mut host = TestHost::start(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
     let mut client = Client::connect(&url).await?;
-    client.publish(&q, TestMessage::new(&q, "x").header(0).script("1:after=600000").build()).await?;
-    assert_eq!(host.handled(&q).await?.disposition, Some(Disposition::Rejected));
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x")
+                .header(0)
+                .script("1:after=600000")
+                .build(),
+        )
+        .await?;
+    assert_eq!(
+        host.handled(&q).await?.disposition,
+        Some(Disposition::Rejected)
+    );
     host.stop().await?;
     let mut watch = client.watch(&q).await?;
     let (_, copy) = watch.next_with_id(&q).await?;

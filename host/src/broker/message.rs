@@ -1,9 +1,7 @@
 //! AMQP messages in and out: the counters a delivery carries, what a handler
 //! sees of it, and the copies the host publishes.
 
-use fe2o3_amqp::types::messaging::{
-    ApplicationProperties, Body, Message, annotations::OwnedKey,
-};
+use fe2o3_amqp::types::messaging::{ApplicationProperties, Body, Message, annotations::OwnedKey};
 use fe2o3_amqp::types::primitives::{SimpleValue, Symbol, Value};
 
 use crate::sandbox;
@@ -21,7 +19,9 @@ pub fn counters(message: &AmqpMessage) -> Counters {
     let annotated = message
         .message_annotations
         .as_ref()
-        .and_then(|a| a.0.get(&OwnedKey::Symbol(Symbol::from(DELIVERY_COUNT_ANNOTATION))))
+        .and_then(|a| {
+            a.0.get(&OwnedKey::Symbol(Symbol::from(DELIVERY_COUNT_ANNOTATION)))
+        })
         .and_then(value_as_u32);
     let delivery_count = match (&message.header, annotated) {
         (Some(header), Some(annotated)) => Some(header.delivery_count.max(annotated)),
@@ -47,9 +47,10 @@ pub fn copy(message: &AmqpMessage, retry_count: u32) -> AmqpMessage {
         .application_properties
         .clone()
         .unwrap_or_else(|| ApplicationProperties::builder().build());
-    properties
-        .0
-        .insert(RETRY_COUNT_PROPERTY.to_owned(), SimpleValue::Uint(retry_count));
+    properties.0.insert(
+        RETRY_COUNT_PROPERTY.to_owned(),
+        SimpleValue::Uint(retry_count),
+    );
     Message {
         header: None,
         delivery_annotations: None,
@@ -261,7 +262,10 @@ mod tests {
         assert_eq!(c.body, m.body);
         let props = c.application_properties.expect("properties");
         assert_eq!(props.0.get("k"), Some(&SimpleValue::String("v".into())));
-        assert_eq!(props.0.get(RETRY_COUNT_PROPERTY), Some(&SimpleValue::Uint(1)));
+        assert_eq!(
+            props.0.get(RETRY_COUNT_PROPERTY),
+            Some(&SimpleValue::Uint(1))
+        );
     }
 
     #[test]

@@ -50,13 +50,14 @@ impl Publisher {
         addresses: &[&str],
     ) -> Result<(Publisher, PublisherTask), BrokerError> {
         let first = addresses.first().copied().unwrap_or_default();
-        let mut session = Session::begin(connection.handle())
-            .await
-            .map_err(|e| BrokerError::Attach {
-                address: first.to_owned(),
-                role: "sender",
-                reason: format!("cannot begin a session: {e}"),
-            })?;
+        let mut session =
+            Session::begin(connection.handle())
+                .await
+                .map_err(|e| BrokerError::Attach {
+                    address: first.to_owned(),
+                    role: "sender",
+                    reason: format!("cannot begin a session: {e}"),
+                })?;
         let mut senders = HashMap::new();
         for address in addresses {
             if senders.contains_key(*address) {
@@ -133,7 +134,8 @@ async fn serve(
                         Ok(other) => Err(format!("the broker answered {other:?}")),
                         Err(e) => Err(e.to_string()),
                     };
-                    let _ = done.send(result.map_err(|reason| BrokerError::Publish { address, reason }));
+                    let _ = done
+                        .send(result.map_err(|reason| BrokerError::Publish { address, reason }));
                 });
             }
             Err(e) => {

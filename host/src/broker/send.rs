@@ -1,12 +1,12 @@
 //! `wharf send`: publish a few messages by hand.
 
-use fe2o3_amqp::types::messaging::{ApplicationProperties, Message, Outcome};
+use fe2o3_amqp::types::messaging::{ApplicationProperties, Header, Message, Outcome};
 use fe2o3_amqp::{Sender, Session};
 
 use super::{BrokerConnection, BrokerError};
 
-/// Publishes one message per body to `address` (each with the given string
-/// application properties) and waits for the broker to accept each.
+/// Publishes one durable message per body to `address` (each with the given
+/// string application properties) and waits for the broker to accept each.
 pub async fn send(
     url: &str,
     address: &str,
@@ -30,6 +30,10 @@ pub async fn send(
             app = app.insert(key.as_str(), value.as_str());
         }
         let message = Message::builder()
+            .header(Header {
+                durable: true,
+                ..Header::default()
+            })
             .properties(
                 fe2o3_amqp::types::messaging::Properties::builder()
                     .message_id(format!("wharf-send-{}-{n}", std::process::id()))

@@ -7,9 +7,9 @@ use fe2o3_amqp::types::definitions::SenderSettleMode;
 use fe2o3_amqp::types::messaging::{Modified, Source};
 use fe2o3_amqp::{Delivery, Receiver, Session};
 
+use super::BrokerError;
 use super::connection::BrokerConnection;
 use super::message::AmqpMessage;
-use super::BrokerError;
 use crate::config::Settle;
 use crate::settlement::Disposition;
 
@@ -82,8 +82,9 @@ impl Subscription {
 
     /// The next delivery. Cancel-safe.
     pub async fn recv(&mut self) -> Result<Inbound, BrokerError> {
-        let delivery: Delivery<fe2o3_amqp::types::messaging::Body<fe2o3_amqp::types::primitives::Value>> =
-            self.receiver.recv().await.map_err(|e| self.link_error(e))?;
+        let delivery: Delivery<
+            fe2o3_amqp::types::messaging::Body<fe2o3_amqp::types::primitives::Value>,
+        > = self.receiver.recv().await.map_err(|e| self.link_error(e))?;
         let (info, message) = delivery.into_parts();
         Ok(Inbound { info, message })
     }

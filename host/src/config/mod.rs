@@ -211,15 +211,16 @@ fn optional_duration<'de, D: serde::Deserializer<'de>>(
     Ok(Some(Spanned::new(span, value)))
 }
 
-fn optional_size<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Spanned<u64>>, D::Error> {
+fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Spanned<u64>>, D::Error> {
     let raw = Spanned::<toml::Value>::deserialize(d)?;
     let span = raw.span();
     let value = match raw.get_ref() {
         toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| format!("`{n}` is negative")),
         toml::Value::String(text) => parse_size(text),
-        other => Err(format!("expected a size such as \"64MiB\", found {}", other.type_str())),
+        other => Err(format!(
+            "expected a size such as \"64MiB\", found {}",
+            other.type_str()
+        )),
     }
     .map_err(serde::de::Error::custom)?;
     Ok(Some(Spanned::new(span, value)))
@@ -264,7 +265,10 @@ impl Config {
                 if !mount_names.insert(mount.name.get_ref().clone()) {
                     return Err(checker.invalid(
                         &mount.name,
-                        format!("tenant `{tenant_name}`: duplicate mount name `{}`", mount.name.get_ref()),
+                        format!(
+                            "tenant `{tenant_name}`: duplicate mount name `{}`",
+                            mount.name.get_ref()
+                        ),
                     ));
                 }
                 mounts.push(checker.mount(&here, base, mount)?);
@@ -326,7 +330,12 @@ impl Checker<'_> {
         }
     }
 
-    fn positive(&self, here: &str, key: &str, value: &Option<Spanned<u32>>) -> Result<(), ConfigError> {
+    fn positive(
+        &self,
+        here: &str,
+        key: &str,
+        value: &Option<Spanned<u32>>,
+    ) -> Result<(), ConfigError> {
         match value {
             Some(v) if *v.get_ref() == 0 => {
                 Err(self.invalid(v, format!("{here}: `{key}` must be at least 1")))
@@ -377,12 +386,18 @@ impl Checker<'_> {
             settle: raw.settle,
             max_attempts: raw.max_attempts.map(Spanned::into_inner),
             dead_letter: raw.dead_letter.map(Spanned::into_inner),
-            credit: raw.credit.map_or(Mount::DEFAULT_CREDIT, Spanned::into_inner),
+            credit: raw
+                .credit
+                .map_or(Mount::DEFAULT_CREDIT, Spanned::into_inner),
             concurrency: raw
                 .concurrency
                 .map_or(Mount::DEFAULT_CONCURRENCY, Spanned::into_inner),
-            timeout: raw.timeout.map_or(Mount::DEFAULT_TIMEOUT, Spanned::into_inner),
-            memory: raw.memory.map_or(Mount::DEFAULT_MEMORY, Spanned::into_inner),
+            timeout: raw
+                .timeout
+                .map_or(Mount::DEFAULT_TIMEOUT, Spanned::into_inner),
+            memory: raw
+                .memory
+                .map_or(Mount::DEFAULT_MEMORY, Spanned::into_inner),
             max_retry_delay: raw
                 .max_retry_delay
                 .map_or(Mount::DEFAULT_MAX_RETRY_DELAY, Spanned::into_inner),

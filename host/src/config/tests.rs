@@ -8,7 +8,9 @@ fn parse(text: &str) -> Result<Config, ConfigError> {
 }
 
 fn error(text: &str) -> String {
-    parse(text).expect_err("config should be refused").to_string()
+    parse(text)
+        .expect_err("config should be refused")
+        .to_string()
 }
 
 const GOOD: &str = r#"
@@ -119,7 +121,10 @@ fn duplicate_mount_is_refused() {
         "{GOOD}\n[[tenant.mount]]\nname = \"orders\"\nmodule = \"handlers/orders.wasm\"\naddress = \"x\"\n"
     );
     let e = error(&text);
-    assert!(e.contains("tenant `acme`: duplicate mount name `orders`"), "{e}");
+    assert!(
+        e.contains("tenant `acme`: duplicate mount name `orders`"),
+        "{e}"
+    );
 }
 
 #[test]

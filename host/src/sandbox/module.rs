@@ -57,7 +57,10 @@ impl fmt::Display for Failure {
         match self {
             Failure::Timeout(t) => write!(f, "ran longer than its timeout of {t:?}"),
             Failure::OutOfMemory(limit) => {
-                write!(f, "tried to use more than its memory limit of {limit} bytes")
+                write!(
+                    f,
+                    "tried to use more than its memory limit of {limit} bytes"
+                )
             }
             Failure::StackOverflow => f.write_str("overflowed its stack"),
             Failure::Trap(why) => write!(f, "trapped: {why}"),
@@ -135,10 +138,7 @@ impl Module {
         tags: Arc<LogTags>,
     ) -> Result<Outcome, Failure> {
         let deadline = Instant::now() + limits.timeout;
-        let mut store = Store::new(
-            &self.engine,
-            StoreState::new(tags, limits.memory, deadline),
-        );
+        let mut store = Store::new(&self.engine, StoreState::new(tags, limits.memory, deadline));
         store.limiter(|state| &mut state.memory);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|ctx| {
@@ -173,7 +173,11 @@ impl Module {
     }
 }
 
-fn classify(error: &wasmtime::Error, limits: CallLimits, otherwise: fn(String) -> Failure) -> Failure {
+fn classify(
+    error: &wasmtime::Error,
+    limits: CallLimits,
+    otherwise: fn(String) -> Failure,
+) -> Failure {
     match error.downcast_ref::<Trap>() {
         Some(Trap::StackOverflow) => Failure::StackOverflow,
         Some(Trap::Interrupt) => Failure::Timeout(limits.timeout),

@@ -147,9 +147,7 @@ fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan
             ..Plan::default()
         },
         _ if !policy.modified_supported => publish_then_accept(copy, keep),
-        _ if counters.is_copy() && policy.max_attempts.is_some() => {
-            publish_then_accept(copy, keep)
-        }
+        _ if counters.is_copy() && policy.max_attempts.is_some() => publish_then_accept(copy, keep),
         _ => settle(Disposition::Modified),
     }
 }

@@ -114,7 +114,11 @@ fn vector_07_dla_without_limit_takes_every_retry() {
 #[test]
 fn vector_08_retry_after_rejects_then_copies_later() {
     let delay = Duration::from_secs(2);
-    let p = plan(&policy(ALO, None, false), &header(0), Outcome::RetryAfter(delay));
+    let p = plan(
+        &policy(ALO, None, false),
+        &header(0),
+        Outcome::RetryAfter(delay),
+    );
     assert_eq!(
         p,
         Plan {
@@ -141,7 +145,11 @@ fn vector_09_retry_of_a_copy_below_limit_copies_now_then_accepts() {
 
 #[test]
 fn vector_10_retry_after_at_limit_dead_letters_then_accepts() {
-    let p = plan(&policy(ALO, Some(3), true), &copy(Some(2)), Outcome::RetryAfter(SECOND));
+    let p = plan(
+        &policy(ALO, Some(3), true),
+        &copy(Some(2)),
+        Outcome::RetryAfter(SECOND),
+    );
     assert_eq!(p, dead_letter_then_accept());
 }
 
@@ -188,7 +196,11 @@ fn vector_14_at_most_once_retry_without_counter_copies_at_once() {
 
 #[test]
 fn vector_15_at_most_once_retry_after_copies_later() {
-    let p = plan(&policy(AMO, None, false), &copy(None), Outcome::RetryAfter(SECOND));
+    let p = plan(
+        &policy(AMO, None, false),
+        &copy(None),
+        Outcome::RetryAfter(SECOND),
+    );
     assert_eq!(
         p,
         Plan {
@@ -240,7 +252,11 @@ fn without_modified_retry_takes_the_copy_path() {
 
 #[test]
 fn at_most_once_at_limit_without_dla_publishes_nothing() {
-    let p = plan(&policy(AMO, Some(2), false), &copy(Some(1)), Outcome::RetryAfter(SECOND));
+    let p = plan(
+        &policy(AMO, Some(2), false),
+        &copy(Some(1)),
+        Outcome::RetryAfter(SECOND),
+    );
     assert_eq!(p, Plan::default());
 }
 
@@ -255,12 +271,14 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         any::<bool>(),
         any::<bool>(),
     )
-        .prop_map(|(settle, max_attempts, dead_letter, modified_supported)| Policy {
-            settle,
-            max_attempts,
-            dead_letter,
-            modified_supported,
-        })
+        .prop_map(
+            |(settle, max_attempts, dead_letter, modified_supported)| Policy {
+                settle,
+                max_attempts,
+                dead_letter,
+                modified_supported,
+            },
+        )
 }
 
 fn any_counters() -> impl Strategy<Value = Counters> {

@@ -171,7 +171,14 @@ async fn attach(
     mount: &Mount,
     module: Module,
     events: &broadcast::Sender<Event>,
-) -> Result<(Arc<MountContext>, Subscription, crate::broker::PublisherTask), BrokerError> {
+) -> Result<
+    (
+        Arc<MountContext>,
+        Subscription,
+        crate::broker::PublisherTask,
+    ),
+    BrokerError,
+> {
     let link_name = format!("wharf/{}/{}", tags.tenant, tags.mount);
     let subscription = Subscription::attach(
         connection,

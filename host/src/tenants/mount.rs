@@ -125,7 +125,14 @@ pub(crate) async fn run(
             },
         }
     };
-    drain(&subscription, &mut inbox, &mut handlers, grace, &context.tags).await;
+    drain(
+        &subscription,
+        &mut inbox,
+        &mut handlers,
+        grace,
+        &context.tags,
+    )
+    .await;
     subscription.close().await;
     let pending = context.delayed.pending();
     if pending > 0 {
@@ -292,10 +299,10 @@ async fn carry_out(
     message: &AmqpMessage,
     plan: &Plan,
 ) -> (Option<Disposition>, Option<String>) {
-    if let Some(disposition) = plan.settle_now {
-        if let Err(e) = settler.settle(info.clone(), disposition).await {
-            return (None, Some(e));
-        }
+    if let Some(disposition) = plan.settle_now
+        && let Err(e) = settler.settle(info.clone(), disposition).await
+    {
+        return (None, Some(e));
     }
     let sent = plan.settle_now;
     let (publish, address) = match plan.publish {
@@ -335,9 +342,13 @@ async fn carry_out(
 
 fn log_unsupported(context: &MountContext, outcome: Outcome) {
     let first = !context.unsupported_warned.swap(true, Ordering::Relaxed);
-    let note = "AckError::Unsupported: the mount is at-most-once, the delivery was settled on receipt";
+    let note =
+        "AckError::Unsupported: the mount is at-most-once, the delivery was settled on receipt";
     if first {
-        tracing::warn!(?outcome, "{note} (logged once per mount; later ones at debug level)");
+        tracing::warn!(
+            ?outcome,
+            "{note} (logged once per mount; later ones at debug level)"
+        );
     } else {
         tracing::debug!(?outcome, "{note}");
     }
