@@ -40,6 +40,20 @@ async fn count(name: &str) -> anyhow::Result<u64> {
         .map_or(Ok(0), |(_, n)| n.trim().parse())?)
 }
 
+/// Asserts the queue is empty, then deletes it.
+async fn assert_empty_and_delete(name: &str) -> anyhow::Result<()> {
+    assert_count(name, 0).await?;
+    let status = tokio::process::Command::new("rabbitmqctl")
+        .args(["delete_queue", name, "--quiet"])
+        .status()
+        .await?;
+    anyhow::ensure!(
+        status.success(),
+        "rabbitmqctl delete_queue {name}: {status}"
+    );
+    Ok(())
+}
+
 async fn assert_count(name: &str, expected: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + DEADLINE;
     loop {
@@ -108,7 +122,7 @@ async fn rabbitmq_does_not_offer_modified_so_retry_takes_the_copy_path() -> anyh
     );
     assert!(!host.seen(|e| matches!(e, Event::MountStopped { .. })));
     host.stop().await?;
-    assert_count(&name, 0).await?;
+    assert_empty_and_delete(&name).await?;
     client.close().await;
     Ok(())
 }
@@ -141,7 +155,7 @@ async fn rabbitmq_ack_and_drop() -> anyhow::Result<()> {
     broker_dlq.next_with_id(&dropped).await?;
     broker_dlq.close().await;
     host.stop().await?;
-    assert_count(&name, 0).await?;
+    assert_empty_and_delete(&name).await?;
     client.close().await;
     Ok(())
 }
@@ -166,7 +180,7 @@ async fn rabbitmq_retry_after_publishes_a_copy_later() -> anyhow::Result<()> {
     assert_eq!(copy.counters.retry_count, Some(1));
     assert_eq!(copy.disposition, Some(Disposition::Accepted));
     host.stop().await?;
-    assert_count(&name, 0).await?;
+    assert_empty_and_delete(&name).await?;
     client.close().await;
     Ok(())
 }
@@ -199,8 +213,9 @@ async fn rabbitmq_dead_letters_at_the_limit() -> anyhow::Result<()> {
     assert_eq!(retry_count(&got), Some(1));
     assert_eq!(crate::client::body_text(&got), "poison");
     dead.close().await;
+    assert_empty_and_delete(&dla).await?;
     host.stop().await?;
-    assert_count(&name, 0).await?;
+    assert_empty_and_delete(&name).await?;
     client.close().await;
     Ok(())
 }
@@ -224,7 +239,7 @@ async fn rabbitmq_at_most_once() -> anyhow::Result<()> {
     assert_eq!(copy.counters.retry_count, Some(1));
     assert!(copy.plan.unsupported, "ack on at-most-once changes nothing");
     host.stop().await?;
-    assert_count(&name, 0).await?;
+    assert_empty_and_delete(&name).await?;
     client.close().await;
     Ok(())
 }
