@@ -80,10 +80,7 @@ async fn vector_01_ack_is_accepted() -> anyhow::Result<()> {
     let q = unique("v01");
     let (mut host, mut client) = setup(&q, &[]).await?;
     client
-        .publish(
-            &q,
-            TestMessage::new(&q, "hi").header(0).script("*:ack").build(),
-        )
+        .publish(&q, TestMessage::new(&q, "hi").header(0).script("*:ack"))
         .await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.outcome, Outcome::Ack);
@@ -99,13 +96,7 @@ async fn vector_02_drop_is_rejected_and_the_broker_dead_letters_it() -> anyhow::
     let q = unique("v02");
     let (mut host, mut client) = setup(&q, &[]).await?;
     client
-        .publish(
-            &q,
-            TestMessage::new(&q, "bad")
-                .header(0)
-                .script("*:drop")
-                .build(),
-        )
+        .publish(&q, TestMessage::new(&q, "bad").header(0).script("*:drop"))
         .await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.disposition, Some(Disposition::Rejected));
@@ -133,10 +124,7 @@ async fn vector_03_retry_is_modified_and_the_broker_counts_it() -> anyhow::Resul
     client
         .publish(
             &q,
-            TestMessage::new(&q, "x")
-                .header(7)
-                .script("8:retry *:ack")
-                .build(),
+            TestMessage::new(&q, "x").header(7).script("8:retry *:ack"),
         )
         .await?;
     let first = host.handled(&q).await?;
@@ -160,10 +148,7 @@ async fn vector_04_retry_below_the_limit_is_modified() -> anyhow::Result<()> {
     client
         .publish(
             &q,
-            TestMessage::new(&q, "x")
-                .header(1)
-                .script("2:retry *:ack")
-                .build(),
+            TestMessage::new(&q, "x").header(1).script("2:retry *:ack"),
         )
         .await?;
     let first = host.handled(&q).await?;
@@ -181,13 +166,7 @@ async fn vector_05_retry_at_the_limit_without_dla_is_rejected() -> anyhow::Resul
     let q = unique("v05");
     let (mut host, mut client) = setup(&q, &["max_attempts = 3"]).await?;
     client
-        .publish(
-            &q,
-            TestMessage::new(&q, "x")
-                .header(2)
-                .script("3:retry")
-                .build(),
-        )
+        .publish(&q, TestMessage::new(&q, "x").header(2).script("3:retry"))
         .await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 3);
@@ -208,7 +187,7 @@ async fn vector_06_retry_at_the_limit_goes_to_the_dla_as_it_arrived() -> anyhow:
     let dla_line = format!("dead_letter = \"{dla}\"");
     let (mut host, mut client) = setup(&q, &["max_attempts = 3", &dla_line]).await?;
     let sent = TestMessage::new(&q, "poison").header(2).script("3:retry");
-    client.publish(&q, sent.build()).await?;
+    client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
     assert_eq!(handled.disposition, Some(Disposition::Accepted));
@@ -229,7 +208,7 @@ async fn vector_07_a_dla_without_limit_takes_every_retry() -> anyhow::Result<()>
     let dla_line = format!("dead_letter = \"{dla}\"");
     let (mut host, mut client) = setup(&q, &[&dla_line]).await?;
     let sent = TestMessage::new(&q, "x").header(0).script("*:retry");
-    client.publish(&q, sent.build()).await?;
+    client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 1);
     assert_eq!(handled.disposition, Some(Disposition::Accepted));
@@ -254,8 +233,7 @@ async fn vector_08_retry_after_rejects_then_publishes_a_copy_later() -> anyhow::
             &f,
             TestMessage::new(&f, "later")
                 .header(0)
-                .script("1:after=2000 *:ack")
-                .build(),
+                .script("1:after=2000 *:ack"),
         )
         .await?;
     let first = host.handled(&f).await?;
@@ -290,8 +268,7 @@ async fn vector_09_retry_of_a_copy_below_the_limit_copies_now_then_accepts() -> 
             &f,
             TestMessage::new(&f, "x")
                 .retry_count(1)
-                .script("2:retry *:ack")
-                .build(),
+                .script("2:retry *:ack"),
         )
         .await?;
     let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
@@ -325,7 +302,7 @@ async fn vector_10_retry_after_at_the_limit_goes_to_the_dla() -> anyhow::Result<
     let sent = TestMessage::new(&q, "x")
         .retry_count(2)
         .script("3:after=1000");
-    client.publish(&q, sent.build()).await?;
+    client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 3);
     assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
@@ -349,7 +326,7 @@ async fn assert_nothing_else_published(
 ) -> anyhow::Result<()> {
     let sentinel = format!("{address}.sentinel");
     client
-        .publish(address, TestMessage::new(&sentinel, "sentinel").build())
+        .publish(address, TestMessage::new(&sentinel, "sentinel"))
         .await?;
     let (_, next) = watch.next().await?;
     assert_eq!(
@@ -370,7 +347,7 @@ async fn vector_12_at_most_once_ack_and_drop_are_unsupported_and_silent() -> any
         (format!("{f}.drop"), "*:drop"),
     ] {
         client
-            .publish(&f, TestMessage::new(&id, "x").script(script).build())
+            .publish(&f, TestMessage::new(&id, "x").script(script))
             .await?;
         let handled = host.handled(&id).await?;
         assert!(handled.plan.unsupported);
@@ -392,13 +369,7 @@ async fn vector_13_at_most_once_retry_with_a_broker_counter_makes_no_copy() -> a
         setup(&f, &["settle = \"at-most-once\"", "max_attempts = 3"]).await?;
     let mut watch = client.watch(&f).await?;
     client
-        .publish(
-            &f,
-            TestMessage::new(&f, "x")
-                .header(0)
-                .script("*:retry")
-                .build(),
-        )
+        .publish(&f, TestMessage::new(&f, "x").header(0).script("*:retry"))
         .await?;
     let handled = host.handled(&f).await?;
     assert!(handled.plan.unsupported);
@@ -418,10 +389,7 @@ async fn vector_14_at_most_once_retry_without_a_counter_copies_at_once() -> anyh
         setup(&f, &["settle = \"at-most-once\"", "max_attempts = 3"]).await?;
     let mut watch = client.watch(&f).await?;
     client
-        .publish(
-            &f,
-            TestMessage::new(&f, "x").script("1:retry *:ack").build(),
-        )
+        .publish(&f, TestMessage::new(&f, "x").script("1:retry *:ack"))
         .await?;
     let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
     assert!(first.plan.unsupported);
@@ -450,12 +418,7 @@ async fn vector_15_at_most_once_retry_after_copies_later() -> anyhow::Result<()>
     let mut watch = client.watch(&f).await?;
     let published = Instant::now();
     client
-        .publish(
-            &f,
-            TestMessage::new(&f, "x")
-                .script("1:after=1000 *:ack")
-                .build(),
-        )
+        .publish(&f, TestMessage::new(&f, "x").script("1:after=1000 *:ack"))
         .await?;
     let first = host.handled(&f).await?;
     assert!(!first.plan.unsupported);
@@ -485,7 +448,7 @@ async fn vector_16_at_most_once_retry_at_the_limit_goes_to_the_dla() -> anyhow::
     )
     .await?;
     let sent = TestMessage::new(&q, "x").retry_count(1).script("2:retry");
-    client.publish(&q, sent.build()).await?;
+    client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 2);
     assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
@@ -506,10 +469,7 @@ async fn vector_17_a_trapping_handler_is_retried_with_modified() -> anyhow::Resu
     client
         .publish(
             &q,
-            TestMessage::new(&q, "x")
-                .header(0)
-                .script("1:trap *:ack")
-                .build(),
+            TestMessage::new(&q, "x").header(0).script("1:trap *:ack"),
         )
         .await?;
     let first = host.handled(&q).await?;

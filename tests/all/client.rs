@@ -56,6 +56,7 @@ impl TestMessage {
         self
     }
 
+    /// The AMQP message this describes.
     pub(crate) fn build(&self) -> AmqpMessage {
         let mut properties = ApplicationProperties::builder();
         for (key, value) in &self.properties {
@@ -78,6 +79,18 @@ impl TestMessage {
                 Value::String(self.body.clone()),
             )))
             .build()
+    }
+}
+
+impl From<TestMessage> for AmqpMessage {
+    fn from(message: TestMessage) -> AmqpMessage {
+        message.build()
+    }
+}
+
+impl From<&TestMessage> for AmqpMessage {
+    fn from(message: &TestMessage) -> AmqpMessage {
+        message.build()
     }
 }
 
@@ -109,14 +122,14 @@ impl Client {
     pub(crate) async fn publish(
         &mut self,
         address: &str,
-        message: AmqpMessage,
+        message: impl Into<AmqpMessage>,
     ) -> anyhow::Result<()> {
         if !self.senders.contains_key(address) {
             let sender = Sender::attach(&mut self.session, unique("test-sender"), address).await?;
             self.senders.insert(address.to_owned(), sender);
         }
         let sender = self.senders.get_mut(address).expect("inserted above");
-        match sender.send(message).await? {
+        match sender.send(message.into()).await? {
             Outcome::Accepted(_) => Ok(()),
             other => bail!("publish to {address}: broker answered {other:?}"),
         }

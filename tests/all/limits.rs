@@ -28,18 +28,13 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
     client
         .publish(
             &stuck,
-            TestMessage::new(&stuck, "loop")
-                .header(0)
-                .script("*:spin")
-                .build(),
+            TestMessage::new(&stuck, "loop").header(0).script("*:spin"),
         )
         .await?;
     host.started(&stuck).await?;
     let ids: Vec<String> = (0..20).map(|n| format!("{healthy}.{n}")).collect();
     for id in &ids {
-        client
-            .publish(&healthy, TestMessage::new(id, "ok").build())
-            .await?;
+        client.publish(&healthy, TestMessage::new(id, "ok")).await?;
     }
     for id in &ids {
         assert_eq!(
@@ -77,13 +72,7 @@ async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<
     let mut host = TestHost::start(&url, &[mount]).await?;
     let mut client = Client::connect(&url).await?;
     client
-        .publish(
-            &q,
-            TestMessage::new(&q, "hog")
-                .header(0)
-                .script("*:hog")
-                .build(),
-        )
+        .publish(&q, TestMessage::new(&q, "hog").header(0).script("*:hog"))
         .await?;
     let first = host.handled(&q).await?;
     assert!(

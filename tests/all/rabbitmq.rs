@@ -96,8 +96,7 @@ async fn rabbitmq_does_not_offer_modified_so_retry_takes_the_copy_path() -> anyh
             &queue(&name),
             TestMessage::new(&name, "x")
                 .header(0)
-                .script("1:retry *:ack")
-                .build(),
+                .script("1:retry *:ack"),
         )
         .await?;
     let [first, copy] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
@@ -114,7 +113,7 @@ async fn rabbitmq_does_not_offer_modified_so_retry_takes_the_copy_path() -> anyh
     // The session survived: the link still takes and settles deliveries.
     let after = format!("{name}.after");
     client
-        .publish(&queue(&name), TestMessage::new(&after, "y").build())
+        .publish(&queue(&name), TestMessage::new(&after, "y"))
         .await?;
     assert_eq!(
         host.handled(&after).await?.disposition,
@@ -136,12 +135,12 @@ async fn rabbitmq_ack_and_drop() -> anyhow::Result<()> {
     let acked = format!("{name}.ack");
     let dropped = format!("{name}.drop");
     client
-        .publish(&queue(&name), TestMessage::new(&acked, "ok").build())
+        .publish(&queue(&name), TestMessage::new(&acked, "ok"))
         .await?;
     client
         .publish(
             &queue(&name),
-            TestMessage::new(&dropped, "bad").script("*:drop").build(),
+            TestMessage::new(&dropped, "bad").script("*:drop"),
         )
         .await?;
     assert_eq!(
@@ -168,9 +167,7 @@ async fn rabbitmq_retry_after_publishes_a_copy_later() -> anyhow::Result<()> {
     client
         .publish(
             &queue(&name),
-            TestMessage::new(&name, "x")
-                .script("1:after=1000 *:ack")
-                .build(),
+            TestMessage::new(&name, "x").script("1:after=1000 *:ack"),
         )
         .await?;
     let first = host.handled(&name).await?;
@@ -195,7 +192,7 @@ async fn rabbitmq_dead_letters_at_the_limit() -> anyhow::Result<()> {
     client
         .publish(
             &queue(&name),
-            TestMessage::new(&name, "poison").script("*:retry").build(),
+            TestMessage::new(&name, "poison").script("*:retry"),
         )
         .await?;
     let [first, last] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
@@ -227,9 +224,7 @@ async fn rabbitmq_at_most_once() -> anyhow::Result<()> {
     client
         .publish(
             &queue(&name),
-            TestMessage::new(&name, "x")
-                .script("1:after=500 *:ack")
-                .build(),
+            TestMessage::new(&name, "x").script("1:after=500 *:ack"),
         )
         .await?;
     let first = host.handled(&name).await?;

@@ -91,13 +91,7 @@ async fn vector_11_a_killed_host_leaves_the_delivery_to_the_broker() -> anyhow::
     let mut wharf = WharfProcess::start(&[mount]).await?;
     let mut client = Client::connect(&artemis_url()).await?;
     client
-        .publish(
-            &q,
-            TestMessage::new(&q, "stuck")
-                .header(0)
-                .script("*:spin")
-                .build(),
-        )
+        .publish(&q, TestMessage::new(&q, "stuck").header(0).script("*:spin"))
         .await?;
     wharf.wait_for_log("attempt 1: spin").await?;
     wharf.child.kill().await?;
@@ -117,10 +111,7 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
     let mut wharf = WharfProcess::start(&[MountToml::new("m", "fixture_script", &q)]).await?;
     let mut client = Client::connect(&artemis_url()).await?;
     client
-        .publish(
-            &q,
-            TestMessage::new(&q, "x").script("1:after=600000").build(),
-        )
+        .publish(&q, TestMessage::new(&q, "x").script("1:after=600000"))
         .await?;
     wharf
         .wait_for_log("\"disposition\":\"Some(Rejected)\"")
@@ -152,10 +143,7 @@ async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyh
     client
         .publish(
             &q,
-            TestMessage::new(&q, "slow")
-                .header(0)
-                .script("*:busy=1500")
-                .build(),
+            TestMessage::new(&q, "slow").header(0).script("*:busy=1500"),
         )
         .await?;
     host.started(&q).await?;
@@ -177,10 +165,7 @@ async fn delayed_copy_is_published_when_the_host_stops() -> anyhow::Result<()> {
     client
         .publish(
             &q,
-            TestMessage::new(&q, "x")
-                .header(0)
-                .script("1:after=600000")
-                .build(),
+            TestMessage::new(&q, "x").header(0).script("1:after=600000"),
         )
         .await?;
     assert_eq!(
