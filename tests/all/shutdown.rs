@@ -40,6 +40,7 @@ impl WharfProcess {
         let mut child = Command::new(wharf_binary())
             .args(["--log-format", "json", "run", "--config"])
             .arg(&config.0)
+            .env("WHARF_LOG", "info,wharf=debug")
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;

@@ -13,7 +13,8 @@ pub async fn send(
     properties: &[(String, String)],
     bodies: &[String],
 ) -> Result<(), BrokerError> {
-    let mut connection = BrokerConnection::open(url, "wharf-send").await?;
+    let mut connection =
+        BrokerConnection::open(url, &format!("wharf-send-{}", std::process::id())).await?;
     let publish_error = |reason: String| BrokerError::Publish {
         address: address.to_owned(),
         reason,

@@ -84,7 +84,9 @@ pub struct Config {
 pub struct Broker {
     /// `amqp://user:password@host:port`.
     pub url: String,
-    /// The container id wharf announces when it opens the connection.
+    /// The container id wharf announces when it opens the connection; by
+    /// default `wharf-<host>-<pid>`, unique per process as brokers may refuse
+    /// a second connection with the same id.
     #[serde(default = "default_container_id")]
     pub container_id: String,
 }
@@ -157,7 +159,10 @@ impl Mount {
 }
 
 fn default_container_id() -> String {
-    "wharf".to_owned()
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".to_owned());
+    format!("wharf-{host}-{}", std::process::id())
 }
 
 fn default_grace() -> Duration {

@@ -24,7 +24,10 @@ pub enum HostError {
     /// One or more modules are not usable handlers.
     #[error("{}", join_lines(.0))]
     Modules(Vec<MountError<LoadError>>),
-    /// The broker refused a connection or link, or a link failed.
+    /// The broker connection could not be opened.
+    #[error("{0}")]
+    Connect(BrokerError),
+    /// The broker refused a mount's link, or the link failed.
     #[error("{0}")]
     Broker(MountError<BrokerError>),
 }
@@ -101,20 +104,10 @@ impl Host {
             events,
             _sandbox: sandbox,
         } = self;
-        let first = config.mounts().next();
-        let (first_tenant, first_mount) = first.map_or((String::new(), String::new()), |(t, m)| {
-            (t.name.clone(), m.name.clone())
-        });
         let mut connection =
             BrokerConnection::open(&config.broker.url, &config.broker.container_id)
                 .await
-                .map_err(|source| {
-                    HostError::Broker(MountError {
-                        tenant: first_tenant,
-                        mount: first_mount,
-                        source,
-                    })
-                })?;
+                .map_err(HostError::Connect)?;
         tracing::info!(broker = connection.url(), "connected");
         let stop = CancellationToken::new();
         let mut mounts = JoinSet::new();

@@ -113,7 +113,9 @@ pub(crate) async fn run(
         tokio::select! {
             biased;
             Some(request) = inbox.recv() => answer(&subscription, request).await,
-            Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
+            Some(joined) = handlers.join_next(), if !handlers.is_empty() => {
+                report_panic(joined, &context.tags);
+            }
             () = stop.cancelled() => break None,
             inbound = subscription.recv(), if handlers.len() < concurrency => match inbound {
                 Ok(inbound) => {
@@ -167,7 +169,7 @@ async fn drain(
         tokio::select! {
             biased;
             Some(request) = inbox.recv() => answer(subscription, request).await,
-            Some(_) = handlers.join_next() => {}
+            Some(joined) = handlers.join_next() => report_panic(joined, tags),
             () = &mut deadline => {
                 tracing::warn!(
                     tenant = &*tags.tenant,
@@ -182,6 +184,20 @@ async fn drain(
     }
     while let Ok(request) = inbox.try_recv() {
         answer(subscription, request).await;
+    }
+}
+
+/// A handler task that panicked is a bug in the host, not in the handler: its
+/// delivery stays unsettled and returns to the broker when the link detaches.
+fn report_panic(joined: Result<(), tokio::task::JoinError>, tags: &LogTags) {
+    if let Err(e) = joined
+        && e.is_panic()
+    {
+        tracing::error!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            "delivery task panicked; the delivery is left to the broker: {e}"
+        );
     }
 }
 
@@ -216,7 +232,7 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) 
         let (disposition, error) = carry_out(&context, &settler, info, &message, &plan).await;
         match &error {
             Some(error) => tracing::error!(?outcome, ?disposition, error, "settlement incomplete"),
-            None => tracing::info!(?outcome, ?disposition, publish = ?plan.publish, "handled"),
+            None => tracing::debug!(?outcome, ?disposition, publish = ?plan.publish, "handled"),
         }
         let _ = context.events.send(Event::Handled(Handled {
             tenant: context.tags.tenant.clone(),
