@@ -62,6 +62,54 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
     Ok(())
 }
 
+/// `tests/guests/wat/handler.wat` with `body` as its core `handle`, written
+/// to a temporary file.
+fn wat_handler(body: &str) -> std::path::PathBuf {
+    let template = std::fs::read_to_string(repo_root().join("tests/guests/wat/handler.wat"))
+        .expect("handler.wat");
+    let path = std::env::temp_dir().join(format!("{}.wat", unique("wat-handler")));
+    std::fs::write(&path, template.replace(";; BODY", body)).expect("temp module");
+    path
+}
+
+/// Runs one delivery through a hand-written handler whose every attempt
+/// fails the same way; returns the first failure's reason.
+async fn fails_as_retry(body: &str) -> anyhow::Result<String> {
+    let q = unique("wat");
+    let url = artemis_url();
+    let mut mount = MountToml::new("m", "fixture_script", &q).with("max_attempts = 2");
+    mount.module = wat_handler(body);
+    let module = mount.module.clone();
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&q, TestMessage::new(&q, "x").header(0))
+        .await?;
+    let first = host.handled(&q).await?;
+    assert_eq!(first.disposition, Some(Disposition::Modified), "{first:?}");
+    let last = host.handled(&q).await?;
+    assert_eq!(last.disposition, Some(Disposition::Rejected), "{last:?}");
+    host.stop().await?;
+    client.close().await;
+    let _ = std::fs::remove_file(module);
+    Ok(first.failure.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_handler_returning_an_invalid_outcome_is_retried() -> anyhow::Result<()> {
+    // Discriminant 7: `outcome` has four cases.
+    let failure = fails_as_retry("(i32.store8 (i32.const 16) (i32.const 7))").await?;
+    assert!(failure.contains("invalid outcome"), "{failure}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_handler_that_overflows_its_stack_is_retried() -> anyhow::Result<()> {
+    let failure = fails_as_retry("(drop (call $handle (local.get 0)))").await?;
+    assert!(failure.contains("overflowed its stack"), "{failure}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<()> {
     let q = unique("hog");
