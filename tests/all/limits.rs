@@ -18,7 +18,7 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
     let url = artemis_url();
     let mounts = [
         MountToml::new("stuck", "fixture_script", &stuck)
-            .with("timeout = \"5s\"")
+            .with("timeout = \"8s\"")
             .with("concurrency = 1")
             .with("max_attempts = 2"),
         MountToml::new("healthy", "fixture_script", &healthy),

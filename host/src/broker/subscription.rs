@@ -4,7 +4,8 @@ use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::SenderSettleMode;
-use fe2o3_amqp::types::messaging::{Modified, Source};
+use fe2o3_amqp::types::messaging::{Body, Modified, Source};
+use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Delivery, Receiver, Session};
 
 use super::BrokerError;
@@ -82,9 +83,8 @@ impl Subscription {
 
     /// The next delivery. Cancel-safe.
     pub async fn recv(&mut self) -> Result<Inbound, BrokerError> {
-        let delivery: Delivery<
-            fe2o3_amqp::types::messaging::Body<fe2o3_amqp::types::primitives::Value>,
-        > = self.receiver.recv().await.map_err(|e| self.link_error(e))?;
+        let delivery: Delivery<Body<Value>> =
+            self.receiver.recv().await.map_err(|e| self.link_error(e))?;
         let (info, message) = delivery.into_parts();
         Ok(Inbound { info, message })
     }

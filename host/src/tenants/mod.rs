@@ -4,16 +4,17 @@ mod delayed;
 mod mount;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{BrokerConnection, BrokerError, Publisher, Subscription};
-use crate::config::{Config, Mount};
+use crate::broker::{BrokerConnection, BrokerError};
+use crate::config::Config;
 use crate::events::{EVENT_CAPACITY, Event};
 use crate::sandbox::{LoadError, LogTags, Module, Sandbox};
-use mount::MountContext;
+use mount::AttachedMount;
 
 /// Why the host could not start or stopped on its own.
 #[derive(Debug, thiserror::Error)]
@@ -117,9 +118,10 @@ impl Host {
                 tenant: tenant.name.as_str().into(),
                 mount: mount.name.as_str().into(),
             });
-            let attached = attach(&mut connection, &tags, mount, module, &events).await;
-            let (context, subscription, publisher_task) = match attached {
-                Ok(parts) => parts,
+            match AttachedMount::attach(&mut connection, tags, mount, module, &events).await {
+                Ok(attached) => {
+                    mounts.spawn(run_mount(attached, stop.clone(), grace, events.clone()));
+                }
                 Err(source) => {
                     stop.cancel();
                     while mounts.join_next().await.is_some() {}
@@ -130,23 +132,7 @@ impl Host {
                         source,
                     }));
                 }
-            };
-            let stop = stop.clone();
-            let events = events.clone();
-            mounts.spawn(async move {
-                let tags = context.tags.clone();
-                let result = mount::run(context, subscription, publisher_task, stop, grace).await;
-                let _ = events.send(Event::MountStopped {
-                    tenant: tags.tenant.clone(),
-                    mount: tags.mount.clone(),
-                    error: result.as_ref().err().map(ToString::to_string),
-                });
-                result.map_err(|source| MountError {
-                    tenant: tags.tenant.to_string(),
-                    mount: tags.mount.to_string(),
-                    source,
-                })
-            });
+            }
         }
         Ok(RunningHost {
             connection: Some(connection),
@@ -158,55 +144,25 @@ impl Host {
     }
 }
 
-async fn attach(
-    connection: &mut BrokerConnection,
-    tags: &Arc<LogTags>,
-    mount: &Mount,
-    module: Module,
-    events: &broadcast::Sender<Event>,
-) -> Result<
-    (
-        Arc<MountContext>,
-        Subscription,
-        crate::broker::PublisherTask,
-    ),
-    BrokerError,
-> {
-    let link_name = format!("wharf/{}/{}", tags.tenant, tags.mount);
-    let subscription = Subscription::attach(
-        connection,
-        &link_name,
-        &mount.address,
-        mount.settle,
-        mount.credit,
-    )
-    .await?;
-    let mut targets = vec![mount.address.as_str()];
-    targets.extend(mount.dead_letter.as_deref());
-    let (publisher, publisher_task) = Publisher::open(connection, &link_name, &targets).await?;
-    let modified_supported = subscription.modified_supported();
-    tracing::info!(
-        tenant = &*tags.tenant,
-        mount = &*tags.mount,
-        address = mount.address,
-        settle = %mount.settle,
-        retry_path = if modified_supported { "modified" } else { "copy (the broker does not offer `modified`)" },
-        "mount attached"
-    );
-    let context = MountContext::new(
-        tags.clone(),
-        mount.clone(),
-        module,
-        modified_supported,
-        publisher,
-        events.clone(),
-    );
-    let _ = events.send(Event::MountReady {
+/// Runs an attached mount to its end and reports how it ended.
+async fn run_mount(
+    attached: AttachedMount,
+    stop: CancellationToken,
+    grace: Duration,
+    events: broadcast::Sender<Event>,
+) -> Result<(), MountError<BrokerError>> {
+    let tags = attached.tags().clone();
+    let result = attached.run(stop, grace).await;
+    let _ = events.send(Event::MountStopped {
         tenant: tags.tenant.clone(),
         mount: tags.mount.clone(),
-        modified_supported,
+        error: result.as_ref().err().map(ToString::to_string),
     });
-    Ok((Arc::new(context), subscription, publisher_task))
+    result.map_err(|source| MountError {
+        tenant: tags.tenant.to_string(),
+        mount: tags.mount.to_string(),
+        source,
+    })
 }
 
 /// A host taking deliveries.

@@ -13,57 +13,166 @@ use tracing::Instrument;
 
 use super::delayed::DelayedCopies;
 use crate::broker::message::{self, AmqpMessage, DeliveryContext};
-use crate::broker::{BrokerError, Inbound, Publisher, PublisherTask, Subscription};
+use crate::broker::{
+    BrokerConnection, BrokerError, Inbound, Publisher, PublisherTask, Subscription,
+};
 use crate::config::{Mount, Settle};
 use crate::events::{Event, Handled};
 use crate::sandbox::{self, CallLimits, LogTags, Module};
 use crate::settlement::{self, Disposition, Outcome, Plan, Policy, Publish};
 
 /// Everything a mount's handler tasks share.
-pub(crate) struct MountContext {
-    pub(crate) tags: Arc<LogTags>,
-    pub(crate) config: Mount,
-    pub(crate) module: Module,
-    pub(crate) policy: Policy,
-    pub(crate) publisher: Publisher,
-    pub(crate) delayed: DelayedCopies,
-    pub(crate) events: broadcast::Sender<Event>,
+struct MountContext {
+    tags: Arc<LogTags>,
+    config: Mount,
+    module: Module,
+    policy: Policy,
+    publisher: Publisher,
+    delayed: DelayedCopies,
+    events: broadcast::Sender<Event>,
     /// Whether an at-most-once outcome that cannot act has been logged at
     /// warn level yet; later ones go to debug.
     unsupported_warned: AtomicBool,
 }
 
-impl MountContext {
-    pub(crate) fn new(
+/// A mount whose links are attached, ready to run.
+pub(crate) struct AttachedMount {
+    context: Arc<MountContext>,
+    subscription: Subscription,
+    publisher_task: PublisherTask,
+}
+
+impl AttachedMount {
+    /// Attaches the mount's receiver, and a sender for its own address and
+    /// its dead-letter address, each link set on a session of its own.
+    pub(crate) async fn attach(
+        connection: &mut BrokerConnection,
         tags: Arc<LogTags>,
-        config: Mount,
+        mount: &Mount,
         module: Module,
-        modified_supported: bool,
-        publisher: Publisher,
-        events: broadcast::Sender<Event>,
-    ) -> MountContext {
+        events: &broadcast::Sender<Event>,
+    ) -> Result<AttachedMount, BrokerError> {
+        let link_name = format!("wharf/{}/{}", tags.tenant, tags.mount);
+        let subscription = Subscription::attach(
+            connection,
+            &link_name,
+            &mount.address,
+            mount.settle,
+            mount.credit,
+        )
+        .await?;
+        let mut targets = vec![mount.address.as_str()];
+        targets.extend(mount.dead_letter.as_deref());
+        let (publisher, publisher_task) = Publisher::open(connection, &link_name, &targets).await?;
+        let modified_supported = subscription.modified_supported();
+        tracing::info!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            address = mount.address,
+            settle = %mount.settle,
+            retry_path = if modified_supported {
+                "modified"
+            } else {
+                "copy (the broker does not offer `modified`)"
+            },
+            "mount attached"
+        );
         let policy = Policy {
-            settle: config.settle,
-            max_attempts: config.max_attempts,
-            dead_letter: config.dead_letter.is_some(),
+            settle: mount.settle,
+            max_attempts: mount.max_attempts,
+            dead_letter: mount.dead_letter.is_some(),
             modified_supported,
         };
         let delayed = DelayedCopies::new(
             publisher.clone(),
-            config.address.clone(),
+            mount.address.clone(),
             tags.clone(),
             events.clone(),
         );
-        MountContext {
+        let _ = events.send(Event::MountReady {
+            tenant: tags.tenant.clone(),
+            mount: tags.mount.clone(),
+            modified_supported,
+        });
+        let context = MountContext {
             tags,
-            config,
+            config: mount.clone(),
             module,
             policy,
             publisher,
             delayed,
-            events,
+            events: events.clone(),
             unsupported_warned: AtomicBool::new(false),
+        };
+        Ok(AttachedMount {
+            context: Arc::new(context),
+            subscription,
+            publisher_task,
+        })
+    }
+
+    /// Whose mount this is.
+    pub(crate) fn tags(&self) -> &Arc<LogTags> {
+        &self.context.tags
+    }
+
+    /// Runs the mount until `stop` is cancelled or its link fails, then
+    /// drains: in-flight handlers get `grace` to finish and be settled,
+    /// delayed copies are published early, links are closed.
+    pub(crate) async fn run(
+        self,
+        stop: CancellationToken,
+        grace: Duration,
+    ) -> Result<(), BrokerError> {
+        let AttachedMount {
+            context,
+            mut subscription,
+            publisher_task,
+        } = self;
+        let (requests, mut inbox) = mpsc::unbounded_channel();
+        let settler = Settler(requests);
+        let mut handlers = JoinSet::new();
+        let concurrency = context.config.concurrency as usize;
+        let failure = loop {
+            tokio::select! {
+                biased;
+                Some(request) = inbox.recv() => answer(&subscription, request).await,
+                Some(joined) = handlers.join_next(), if !handlers.is_empty() => {
+                    report_panic(joined, &context.tags);
+                }
+                () = stop.cancelled() => break None,
+                inbound = subscription.recv(), if handlers.len() < concurrency => match inbound {
+                    Ok(inbound) => {
+                        let context = context.clone();
+                        let settler = settler.clone();
+                        handlers.spawn(handle(context, settler, inbound));
+                    }
+                    Err(e) => break Some(e),
+                },
+            }
+        };
+        drain(
+            &subscription,
+            &mut inbox,
+            &mut handlers,
+            grace,
+            &context.tags,
+        )
+        .await;
+        subscription.close().await;
+        let pending = context.delayed.pending();
+        if pending > 0 {
+            tracing::info!(
+                tenant = &*context.tags.tenant,
+                mount = &*context.tags.mount,
+                pending,
+                "publishing delayed copies early"
+            );
         }
+        context.delayed.flush().await;
+        drop(settler);
+        publisher_task.close().await;
+        failure.map_or(Ok(()), Err)
     }
 }
 
@@ -93,62 +202,6 @@ impl Settler {
             .map_err(|_| stopped())?
             .map_err(|e| e.to_string())
     }
-}
-
-/// Runs a mount until `stop` is cancelled or its link fails, then drains:
-/// in-flight handlers get `grace` to finish and be settled, delayed copies
-/// are published early, links are closed.
-pub(crate) async fn run(
-    context: Arc<MountContext>,
-    mut subscription: Subscription,
-    publisher_task: PublisherTask,
-    stop: CancellationToken,
-    grace: Duration,
-) -> Result<(), BrokerError> {
-    let (requests, mut inbox) = mpsc::unbounded_channel();
-    let settler = Settler(requests);
-    let mut handlers = JoinSet::new();
-    let concurrency = context.config.concurrency as usize;
-    let failure = loop {
-        tokio::select! {
-            biased;
-            Some(request) = inbox.recv() => answer(&subscription, request).await,
-            Some(joined) = handlers.join_next(), if !handlers.is_empty() => {
-                report_panic(joined, &context.tags);
-            }
-            () = stop.cancelled() => break None,
-            inbound = subscription.recv(), if handlers.len() < concurrency => match inbound {
-                Ok(inbound) => {
-                    let context = context.clone();
-                    let settler = settler.clone();
-                    handlers.spawn(handle(context, settler, inbound));
-                }
-                Err(e) => break Some(e),
-            },
-        }
-    };
-    drain(
-        &subscription,
-        &mut inbox,
-        &mut handlers,
-        grace,
-        &context.tags,
-    )
-    .await;
-    subscription.close().await;
-    let pending = context.delayed.pending();
-    if pending > 0 {
-        tracing::info!(
-            tenant = &*context.tags.tenant,
-            mount = &*context.tags.mount,
-            pending,
-            "publishing delayed copies early"
-        );
-    }
-    context.delayed.flush().await;
-    drop(settler);
-    publisher_task.close().await;
-    failure.map_or(Ok(()), Err)
 }
 
 async fn answer(subscription: &Subscription, request: SettleRequest) {
