@@ -491,3 +491,31 @@ async fn vector_17_a_trapping_handler_is_retried_with_modified() -> anyhow::Resu
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn node_queue_asks_the_broker_for_a_queue() -> anyhow::Result<()> {
+    // `fanout.*` addresses are topics by the test broker's defaults; a mount
+    // that says `node = "queue"` gets a queue there instead.
+    let plain = unique("fanout.node-default");
+    let queue = unique("fanout.node-queue");
+    let url = artemis_url();
+    let mounts = [
+        MountToml::new("plain", SCRIPT, &plain),
+        MountToml::new("queue", SCRIPT, &queue).with("node = \"queue\""),
+    ];
+    let host = TestHost::start(&url, &mounts).await?;
+    let mut client = Client::connect(&url).await?;
+    let plain_types = client.artemis_routing_types(&plain).await?;
+    assert!(
+        plain_types.contains("MULTICAST") && !plain_types.contains("ANYCAST"),
+        "{plain_types}"
+    );
+    let queue_types = client.artemis_routing_types(&queue).await?;
+    assert!(
+        queue_types.contains("ANYCAST") && !queue_types.contains("MULTICAST"),
+        "{queue_types}"
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -145,6 +145,30 @@ impl Client {
     /// How many messages an Artemis queue holds (0 if it does not exist),
     /// asked of the broker's management address.
     pub(crate) async fn artemis_count(&mut self, queue: &str) -> anyhow::Result<u64> {
+        let resource = format!("queue.{queue}");
+        let Some(text) = self.artemis_management(&resource, "countMessages").await? else {
+            return Ok(0);
+        };
+        text.trim_matches(|c| c == '[' || c == ']')
+            .parse()
+            .with_context(|| format!("management reply {text}"))
+    }
+
+    /// The routing types of an Artemis address, as the broker's JSON text.
+    pub(crate) async fn artemis_routing_types(&mut self, address: &str) -> anyhow::Result<String> {
+        let resource = format!("address.{address}");
+        self.artemis_management(&resource, "getRoutingTypesAsJSON")
+            .await?
+            .with_context(|| format!("no address {address}"))
+    }
+
+    /// Calls a management operation on an Artemis resource; `None` when
+    /// the resource does not exist.
+    async fn artemis_management(
+        &mut self,
+        resource: &str,
+        operation: &str,
+    ) -> anyhow::Result<Option<String>> {
         if self.management.is_none() {
             let replies = unique("test.replies");
             let sender =
@@ -159,8 +183,8 @@ impl Client {
             .properties(Properties::builder().reply_to(replies.clone()).build())
             .application_properties(
                 ApplicationProperties::builder()
-                    .insert("_AMQ_ResourceName", format!("queue.{queue}"))
-                    .insert("_AMQ_OperationName", "countMessages")
+                    .insert("_AMQ_ResourceName", resource)
+                    .insert("_AMQ_OperationName", operation)
                     .build(),
             )
             .value("[]")
@@ -170,28 +194,18 @@ impl Client {
             .await
             .context("no management reply")??;
         receiver.accept(&reply).await?;
-        let text = match reply.body() {
-            Body::Value(v) => match &v.0 {
-                Value::String(s) => s.clone(),
-                other => bail!("management reply body {other:?}"),
-            },
-            other => bail!("management reply body {other:?}"),
-        };
+        let text = body_text(reply.message());
         let ok = reply
             .message()
             .application_properties
             .as_ref()
             .and_then(|p| p.0.get("_AMQ_OperationSucceeded"))
             == Some(&SimpleValue::Bool(true));
-        if !ok {
-            if text.contains("AMQ229067") {
-                return Ok(0); // no such queue
-            }
-            bail!("management query for {queue} failed: {text}");
+        match (ok, text.contains("AMQ229067")) {
+            (true, _) => Ok(Some(text)),
+            (false, true) => Ok(None), // no such resource
+            (false, false) => bail!("management {operation} on {resource} failed: {text}"),
         }
-        text.trim_matches(|c| c == '[' || c == ']')
-            .parse()
-            .with_context(|| format!("management reply {text}"))
     }
 
     pub(crate) async fn close(mut self) {

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use fe2o3_amqp::link::delivery::Sendable;
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::types::messaging::Outcome;
+use fe2o3_amqp::types::messaging::{Outcome, Target};
+use fe2o3_amqp::types::primitives::Symbol;
 use fe2o3_amqp::{Sender, Session};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -43,13 +44,14 @@ impl PublisherTask {
 }
 
 impl Publisher {
-    /// Attaches one sender per address on a session of its own.
+    /// Attaches one sender per address (asking for the node kind its
+    /// capability names, if any) on a session of its own.
     pub async fn open(
         connection: &mut BrokerConnection,
         link_prefix: &str,
-        addresses: &[&str],
+        addresses: &[(&str, Option<&'static str>)],
     ) -> Result<(Publisher, PublisherTask), BrokerError> {
-        let first = addresses.first().copied().unwrap_or_default();
+        let first = addresses.first().map(|(a, _)| *a).unwrap_or_default();
         let mut session =
             Session::begin(connection.handle())
                 .await
@@ -59,19 +61,25 @@ impl Publisher {
                     reason: format!("cannot begin a session: {e}"),
                 })?;
         let mut senders = HashMap::new();
-        for address in addresses {
-            if senders.contains_key(*address) {
+        for &(address, capability) in addresses {
+            if senders.contains_key(address) {
                 continue;
             }
-            let name = format!("{link_prefix}/send/{address}");
-            let sender = Sender::attach(&mut session, name, *address)
+            let mut target = Target::builder().address(address);
+            if let Some(capability) = capability {
+                target = target.capabilities(vec![Symbol::from(capability)]);
+            }
+            let sender = Sender::builder()
+                .name(format!("{link_prefix}/send/{address}"))
+                .target(target.build())
+                .attach(&mut session)
                 .await
                 .map_err(|e| BrokerError::Attach {
-                    address: (*address).to_owned(),
+                    address: address.to_owned(),
                     role: "sender",
                     reason: e.to_string(),
                 })?;
-            senders.insert((*address).to_owned(), sender);
+            senders.insert(address.to_owned(), sender);
         }
         let (requests, inbox) = mpsc::channel(256);
         let close = CancellationToken::new();

@@ -5,7 +5,7 @@ use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::SenderSettleMode;
 use fe2o3_amqp::types::messaging::{Body, Modified, Source};
-use fe2o3_amqp::types::primitives::Value;
+use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Delivery, Receiver, Session};
 
 use super::BrokerError;
@@ -33,12 +33,14 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// Attaches a receiver to `address`. At-most-once asks the broker to send
-    /// every delivery settled.
+    /// Attaches a receiver to `address`, asking for the node kind
+    /// `capability` names if any. At-most-once asks the broker to send every
+    /// delivery settled.
     pub async fn attach(
         connection: &mut BrokerConnection,
         link_name: &str,
         address: &str,
+        capability: Option<&'static str>,
         settle: Settle,
         credit: u32,
     ) -> Result<Subscription, BrokerError> {
@@ -50,9 +52,13 @@ impl Subscription {
         let mut session = Session::begin(connection.handle())
             .await
             .map_err(|e| attach_error(format!("cannot begin a session: {e}")))?;
+        let mut source = Source::builder().address(address);
+        if let Some(capability) = capability {
+            source = source.capabilities(vec![Symbol::from(capability)]);
+        }
         let mut builder = Receiver::builder()
             .name(link_name)
-            .source(Source::builder().address(address).build())
+            .source(source.build())
             .credit_mode(CreditMode::Auto(credit));
         if settle == Settle::AtMostOnce {
             builder = builder.sender_settle_mode(SenderSettleMode::Settled);

@@ -67,6 +67,27 @@ impl fmt::Display for Settle {
     }
 }
 
+/// What kind of node a mount's address is, when the broker should be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Node {
+    /// Competing consumers: each message goes to one receiver.
+    Queue,
+    /// Publish/subscribe: every receiver link gets its own subscription.
+    Topic,
+}
+
+impl Node {
+    /// The AMQP terminus capability that asks for this kind of node
+    /// (honoured by Artemis; brokers that do not know it ignore it).
+    pub fn capability(self) -> &'static str {
+        match self {
+            Node::Queue => "queue",
+            Node::Topic => "topic",
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -127,6 +148,9 @@ pub struct Mount {
     pub module: PathBuf,
     /// The broker node the receiver attaches to and copies are published to.
     pub address: String,
+    /// Whether to ask the broker for a queue or a topic at `address`; `None`
+    /// leaves it to the broker (and to how the address was created).
+    pub node: Option<Node>,
     /// How deliveries are settled.
     pub settle: Settle,
     /// The attempt at which a failing message stops being retried.
@@ -193,6 +217,7 @@ struct RawMount {
     name: Spanned<String>,
     module: Spanned<PathBuf>,
     address: Spanned<String>,
+    node: Option<Node>,
     #[serde(default)]
     settle: Settle,
     max_attempts: Option<Spanned<u32>>,
@@ -388,6 +413,7 @@ impl Checker<'_> {
             name: raw.name.into_inner(),
             module,
             address: raw.address.into_inner(),
+            node: raw.node,
             settle: raw.settle,
             max_attempts: raw.max_attempts.map(Spanned::into_inner),
             dead_letter: raw.dead_letter.map(Spanned::into_inner),

@@ -24,6 +24,7 @@ name = "acme"
 name = "orders"
 module = "handlers/orders.wasm"
 address = "orders"
+node = "queue"
 settle = "at-least-once"
 max_attempts = 5
 dead_letter = "orders.dlq"
@@ -41,6 +42,7 @@ fn full_example_parses() {
     assert_eq!(mount.name, "orders");
     assert!(mount.module.ends_with("handlers/orders.wasm"));
     assert_eq!(mount.settle, Settle::AtLeastOnce);
+    assert_eq!(mount.node, Some(Node::Queue));
     assert_eq!(mount.max_attempts, Some(5));
     assert_eq!(mount.dead_letter.as_deref(), Some("orders.dlq"));
     assert_eq!(mount.timeout, Duration::from_secs(5));
@@ -76,14 +78,14 @@ address = "q"
 fn unknown_key_names_key_and_line() {
     let e = error(&GOOD.replace("credit = 64", "credits = 64"));
     assert!(e.contains("wharf.toml"), "{e}");
-    assert!(e.contains("line 15"), "{e}");
+    assert!(e.contains("line 16"), "{e}");
     assert!(e.contains("unknown field `credits`"), "{e}");
 }
 
 #[test]
 fn bad_duration_names_value_and_line() {
     let e = error(&GOOD.replace(r#"timeout = "5s""#, r#"timeout = "5 parsecs""#));
-    assert!(e.contains("line 17"), "{e}");
+    assert!(e.contains("line 18"), "{e}");
     assert!(e.contains("`5 parsecs` is not a duration"), "{e}");
 }
 
@@ -91,6 +93,12 @@ fn bad_duration_names_value_and_line() {
 fn bad_size_is_refused() {
     let e = error(&GOOD.replace(r#"memory = "64MiB""#, r#"memory = "lots""#));
     assert!(e.contains("`lots` is not a size"), "{e}");
+}
+
+#[test]
+fn bad_node_is_refused() {
+    let e = error(&GOOD.replace(r#"node = "queue""#, r#"node = "exchange""#));
+    assert!(e.contains("unknown variant `exchange`"), "{e}");
 }
 
 #[test]
@@ -112,7 +120,7 @@ fn duplicate_tenant_is_refused() {
     let text = format!("{GOOD}\n[[tenant]]\nname = \"acme\"\n");
     let e = error(&text);
     assert!(e.contains("duplicate tenant name `acme`"), "{e}");
-    assert!(e.contains("line 21"), "{e}");
+    assert!(e.contains("line 22"), "{e}");
 }
 
 #[test]

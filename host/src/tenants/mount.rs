@@ -16,7 +16,7 @@ use crate::broker::message::{self, AmqpMessage, DeliveryContext};
 use crate::broker::{
     BrokerConnection, BrokerError, Inbound, Publisher, PublisherTask, Subscription,
 };
-use crate::config::{Mount, Settle};
+use crate::config::{Mount, Node, Settle};
 use crate::events::{Event, Handled};
 use crate::sandbox::{self, CallLimits, LogTags, Module};
 use crate::settlement::{self, Disposition, Outcome, Plan, Policy, Publish};
@@ -53,16 +53,22 @@ impl AttachedMount {
         events: &broadcast::Sender<Event>,
     ) -> Result<AttachedMount, BrokerError> {
         let link_name = format!("wharf/{}/{}", tags.tenant, tags.mount);
+        let capability = mount.node.map(Node::capability);
         let subscription = Subscription::attach(
             connection,
             &link_name,
             &mount.address,
+            capability,
             mount.settle,
             mount.credit,
         )
         .await?;
-        let mut targets = vec![mount.address.as_str()];
-        targets.extend(mount.dead_letter.as_deref());
+        // Copies go to the subscription's own node; a dead-letter address is
+        // a queue whenever the mount says what its nodes are.
+        let mut targets = vec![(mount.address.as_str(), capability)];
+        if let Some(dead_letter) = &mount.dead_letter {
+            targets.push((dead_letter, mount.node.map(|_| Node::Queue.capability())));
+        }
         let (publisher, publisher_task) = Publisher::open(connection, &link_name, &targets).await?;
         let modified_supported = subscription.modified_supported();
         tracing::info!(
@@ -170,7 +176,6 @@ impl AttachedMount {
             );
         }
         context.delayed.flush().await;
-        drop(settler);
         publisher_task.close().await;
         failure.map_or(Ok(()), Err)
     }
