@@ -14,7 +14,7 @@ use wharf::events::Event;
 use wharf::settlement::{Disposition, Outcome, Publish};
 
 use crate::client::{Client, TestMessage, body_text, message_id, retry_count};
-use crate::{DEADLINE, MountToml, TestHost, artemis_url, unique};
+use crate::{MountToml, TestHost, artemis_url, unique, wait_for_count};
 
 const SCRIPT: &str = "fixture_script";
 
@@ -30,17 +30,7 @@ fn broker_dlq_fqqn(address: &str) -> String {
 
 /// Polls the broker until `queue` holds `expected` messages.
 async fn assert_count(client: &mut Client, queue: &str, expected: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let count = client.artemis_count(queue).await?;
-        if count == expected {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("queue {queue} holds {count} messages, expected {expected}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_count(queue, expected, async || client.artemis_count(queue).await).await
 }
 
 /// Starts a host with one mount `m` on `address`, connects a client.

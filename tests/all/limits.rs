@@ -8,7 +8,7 @@ use wharf::{Host, HostError};
 
 use crate::client::{Client, TestMessage};
 use crate::shutdown::wharf_binary;
-use crate::{MountToml, TestHost, artemis_url, config_text, repo_root, unique};
+use crate::{MountToml, TestHost, artemis_url, config_text, repo_root, unique, wait_for_count};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving()
@@ -57,7 +57,11 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
     assert_eq!(last.attempt, 2);
     assert_eq!(last.disposition, Some(Disposition::Rejected));
     host.stop().await?;
-    assert_eq!(client.artemis_count(&format!("DLQ.{stuck}")).await?, 1);
+    let broker_dlq = format!("DLQ.{stuck}");
+    wait_for_count(&broker_dlq, 1, async || {
+        client.artemis_count(&broker_dlq).await
+    })
+    .await?;
     client.close().await;
     Ok(())
 }

@@ -69,6 +69,26 @@ pub(crate) fn unique(prefix: &str) -> String {
     )
 }
 
+/// Polls `count` until the queue it counts holds `expected` messages.
+pub(crate) async fn wait_for_count(
+    queue: &str,
+    expected: u64,
+    mut count: impl AsyncFnMut() -> anyhow::Result<u64>,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let found = count().await?;
+        if found == expected {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "queue {queue} holds {found} messages, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One `[[tenant.mount]]` table, as TOML lines after `name`/`module`/`address`.
 pub(crate) struct MountToml {
     pub(crate) name: &'static str,

@@ -12,7 +12,7 @@ use wharf::events::Event;
 use wharf::settlement::{Disposition, Publish};
 
 use crate::client::{Client, TestMessage, retry_count};
-use crate::{DEADLINE, MountToml, TestHost, rabbitmq_url, unique};
+use crate::{MountToml, TestHost, rabbitmq_url, unique, wait_for_count};
 
 /// `/queue/NAME` declares the queue NAME on attach.
 fn queue(name: &str) -> String {
@@ -55,18 +55,7 @@ async fn assert_empty_and_delete(name: &str) -> anyhow::Result<()> {
 }
 
 async fn assert_count(name: &str, expected: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let found = count(name).await?;
-        if found == expected {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "queue {name} holds {found} messages, expected {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_count(name, expected, async || count(name).await).await
 }
 
 async fn setup(name: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Client)> {

@@ -9,7 +9,7 @@ use tokio::process::{Child, ChildStderr, Command};
 use wharf::settlement::Disposition;
 
 use crate::client::{Client, TestMessage, retry_count};
-use crate::{DEADLINE, MountToml, TestHost, artemis_url, config_text, unique};
+use crate::{DEADLINE, MountToml, TestHost, artemis_url, config_text, unique, wait_for_count};
 
 /// The `wharf` binary built beside this test binary.
 pub(crate) fn wharf_binary() -> PathBuf {
@@ -151,8 +151,9 @@ async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyh
     host.stop().await?;
     // Had the stop cut the handler short, the message would be back on the
     // queue; it was accepted instead.
-    assert_eq!(client.artemis_count(&q).await?, 0);
-    assert_eq!(client.artemis_count(&format!("DLQ.{q}")).await?, 0);
+    wait_for_count(&q, 0, async || client.artemis_count(&q).await).await?;
+    let broker_dlq = format!("DLQ.{q}");
+    assert_eq!(client.artemis_count(&broker_dlq).await?, 0);
     client.close().await;
     Ok(())
 }
