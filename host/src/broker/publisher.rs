@@ -2,6 +2,7 @@
 //! them.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use fe2o3_amqp::link::delivery::Sendable;
 use fe2o3_amqp::session::SessionHandle;
@@ -14,6 +15,11 @@ use tokio_util::sync::CancellationToken;
 use super::BrokerError;
 use super::connection::BrokerConnection;
 use super::message::AmqpMessage;
+
+/// How long the broker may take to settle a publish before it counts as
+/// failed (and the original is kept), so a silent broker cannot stall a
+/// delivery or a shutdown forever.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Request {
     address: String,
@@ -137,10 +143,13 @@ async fn serve(
             Ok(outcome) => {
                 let done = request.done;
                 waiting.spawn(async move {
-                    let result = match outcome.await {
-                        Ok(Outcome::Accepted(_)) => Ok(()),
-                        Ok(other) => Err(format!("the broker answered {other:?}")),
-                        Err(e) => Err(e.to_string()),
+                    let result = match tokio::time::timeout(PUBLISH_TIMEOUT, outcome).await {
+                        Ok(Ok(Outcome::Accepted(_))) => Ok(()),
+                        Ok(Ok(other)) => Err(format!("the broker answered {other:?}")),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!(
+                            "no answer from the broker within {PUBLISH_TIMEOUT:?}"
+                        )),
                     };
                     let _ = done
                         .send(result.map_err(|reason| BrokerError::Publish { address, reason }));
