@@ -22,7 +22,7 @@ pub fn counters(message: &AmqpMessage) -> Counters {
         .and_then(|a| {
             a.0.get(&OwnedKey::Symbol(Symbol::from(DELIVERY_COUNT_ANNOTATION)))
         })
-        .and_then(value_as_u32);
+        .and_then(as_u32);
     let delivery_count = match (&message.header, annotated) {
         (Some(header), Some(annotated)) => Some(header.delivery_count.max(annotated)),
         (Some(header), None) => Some(header.delivery_count),
@@ -32,7 +32,7 @@ pub fn counters(message: &AmqpMessage) -> Counters {
         .application_properties
         .as_ref()
         .and_then(|p| p.0.get(RETRY_COUNT_PROPERTY))
-        .and_then(simple_as_u32);
+        .and_then(|v| as_u32(&Value::from(v.clone())));
     Counters {
         delivery_count,
         retry_count,
@@ -178,29 +178,18 @@ fn property_value(value: &SimpleValue) -> sandbox::Value {
     }
 }
 
-fn simple_as_u32(value: &SimpleValue) -> Option<u32> {
-    match value {
-        SimpleValue::Ubyte(n) => Some(u32::from(*n)),
-        SimpleValue::Ushort(n) => Some(u32::from(*n)),
-        SimpleValue::Uint(n) => Some(*n),
-        SimpleValue::Ulong(n) => u32::try_from(*n).ok(),
-        SimpleValue::Byte(n) => u32::try_from(*n).ok(),
-        SimpleValue::Short(n) => u32::try_from(*n).ok(),
-        SimpleValue::Int(n) => u32::try_from(*n).ok(),
-        SimpleValue::Long(n) => u32::try_from(*n).ok(),
-        SimpleValue::String(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn value_as_u32(value: &Value) -> Option<u32> {
+/// A counter, whichever integer type (or decimal text) the sender used.
+fn as_u32(value: &Value) -> Option<u32> {
     match value {
         Value::Ubyte(n) => Some(u32::from(*n)),
         Value::Ushort(n) => Some(u32::from(*n)),
         Value::Uint(n) => Some(*n),
         Value::Ulong(n) => u32::try_from(*n).ok(),
+        Value::Byte(n) => u32::try_from(*n).ok(),
+        Value::Short(n) => u32::try_from(*n).ok(),
         Value::Int(n) => u32::try_from(*n).ok(),
         Value::Long(n) => u32::try_from(*n).ok(),
+        Value::String(s) => s.parse().ok(),
         _ => None,
     }
 }

@@ -77,7 +77,7 @@ fn config(pooling: bool) -> Config {
     config
 }
 
-pub(crate) fn to_anyhow(e: wasmtime::Error) -> anyhow::Error {
+fn to_anyhow(e: wasmtime::Error) -> anyhow::Error {
     anyhow::anyhow!("{e:?}")
 }
 

@@ -8,12 +8,11 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
 use super::module::LogTags;
-use super::store::truncate;
+use super::store::{MAX_LOG_LINE, truncate};
 
 /// Bytes of output kept per stream and instance; the rest is counted and
 /// dropped, so a chatty or hostile guest cannot flood the log.
 const MAX_OUTPUT: usize = 64 * 1024;
-const MAX_LINE: usize = 4096;
 
 /// One guest output stream (`stdout` or `stderr`) of one instance.
 #[derive(Clone)]
@@ -54,7 +53,7 @@ impl Lines {
             let line: Vec<u8> = self.pending.drain(..=end).collect();
             self.emit(&line[..end]);
         }
-        if self.pending.len() > MAX_LINE {
+        if self.pending.len() > MAX_LOG_LINE {
             let line = std::mem::take(&mut self.pending);
             self.emit(&line);
         }
@@ -68,7 +67,7 @@ impl Lines {
             mount = &*self.tags.mount,
             stream = self.stream,
             "{}",
-            truncate(&text, MAX_LINE)
+            truncate(&text, MAX_LOG_LINE)
         );
     }
 }

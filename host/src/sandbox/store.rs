@@ -9,9 +9,9 @@ use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::module::LogTags;
 use super::output::LogOutput;
 
-/// Longest guest log line kept; the rest is cut so a handler cannot flood
-/// the host's log with one call.
-const MAX_LOG_LINE: usize = 4096;
+/// Longest guest log line kept (from the `log` import or its output
+/// streams); the rest is cut so a handler cannot flood the host's log.
+pub(crate) const MAX_LOG_LINE: usize = 4096;
 
 /// Everything one handler instance's store holds.
 pub(crate) struct StoreState {
