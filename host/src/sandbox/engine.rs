@@ -19,8 +19,7 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// The wasmtime engine and linker shared by every module of the host.
 pub struct Sandbox {
     engine: Engine,
-    linker: Arc<Linker<StoreState>>,
-    pooling: bool,
+    linker: Linker<StoreState>,
     _ticker: EpochTicker,
 }
 
@@ -29,11 +28,11 @@ impl Sandbox {
     /// pooling allocator where its address space can be reserved (otherwise
     /// on-demand allocation).
     pub fn new() -> anyhow::Result<Sandbox> {
-        let (engine, pooling) = match Engine::new(&config(true)) {
-            Ok(engine) => (engine, true),
+        let engine = match Engine::new(&config(true)) {
+            Ok(engine) => engine,
             Err(e) => {
                 tracing::warn!(error = %e, "pooling allocator unavailable; allocating instances on demand");
-                (Engine::new(&config(false)).map_err(to_anyhow)?, false)
+                Engine::new(&config(false)).map_err(to_anyhow)?
             }
         };
         let mut linker = Linker::new(&engine);
@@ -43,15 +42,9 @@ impl Sandbox {
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             engine,
-            linker: Arc::new(linker),
-            pooling,
+            linker,
             _ticker: ticker,
         })
-    }
-
-    /// Whether instances come from the pooling allocator.
-    pub fn is_pooling(&self) -> bool {
-        self.pooling
     }
 
     /// Compiles a component and checks it is a handler: it exports `handle`
