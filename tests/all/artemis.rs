@@ -14,7 +14,9 @@ use wharf::events::Event;
 use wharf::settlement::{Disposition, Outcome, Publish};
 
 use crate::client::{Client, TestMessage, body_text, message_id, retry_count};
-use crate::{MountToml, TestHost, artemis_url, unique, wait_for_count};
+use crate::{
+    MountToml, TestHost, artemis_url, assert_failed, start_with_client, unique, wait_for_count,
+};
 
 const SCRIPT: &str = "fixture_script";
 
@@ -40,9 +42,7 @@ async fn setup(address: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Clien
         mount = mount.with(line);
     }
     let url = artemis_url();
-    let host = TestHost::start(&url, &[mount]).await?;
-    let client = Client::connect(&url).await?;
-    Ok((host, client))
+    start_with_client(&url, &[mount]).await
 }
 
 /// Asserts that `address`'s queue and the broker's dead-letter queue for it
@@ -463,13 +463,7 @@ async fn vector_17_a_trapping_handler_is_retried_with_modified() -> anyhow::Resu
         )
         .await?;
     let first = host.handled(&q).await?;
-    assert!(
-        first
-            .failure
-            .as_deref()
-            .is_some_and(|f| f.contains("trapped")),
-        "{first:?}"
-    );
+    assert_failed(&first, "trapped");
     assert_eq!(first.outcome, Outcome::Retry);
     assert_eq!(first.disposition, Some(Disposition::Modified));
     let again = host.handled(&q).await?;
@@ -493,8 +487,7 @@ async fn node_queue_asks_the_broker_for_a_queue() -> anyhow::Result<()> {
         MountToml::new("plain", SCRIPT, &plain),
         MountToml::new("queue", SCRIPT, &queue).with("node = \"queue\""),
     ];
-    let host = TestHost::start(&url, &mounts).await?;
-    let mut client = Client::connect(&url).await?;
+    let (host, mut client) = start_with_client(&url, &mounts).await?;
     let plain_types = client.artemis_routing_types(&plain).await?;
     assert!(
         plain_types.contains("MULTICAST") && !plain_types.contains("ANYCAST"),

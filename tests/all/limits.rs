@@ -6,9 +6,12 @@ use wharf::events::Event;
 use wharf::settlement::Disposition;
 use wharf::{Host, HostError};
 
-use crate::client::{Client, TestMessage};
+use crate::client::TestMessage;
 use crate::shutdown::wharf_binary;
-use crate::{MountToml, TestHost, artemis_url, config_text, repo_root, unique, wait_for_count};
+use crate::{
+    MountToml, artemis_url, assert_failed, config_text, repo_root, start_with_client, unique,
+    wait_for_count,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving()
@@ -23,8 +26,7 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
             .with("max_attempts = 2"),
         MountToml::new("healthy", "fixture_script", &healthy),
     ];
-    let mut host = TestHost::start(&url, &mounts).await?;
-    let mut client = Client::connect(&url).await?;
+    let (mut host, mut client) = start_with_client(&url, &mounts).await?;
     client
         .publish(
             &stuck,
@@ -45,13 +47,7 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
     // All of that happened while the stuck handler was still spinning.
     assert!(!host.seen(|e| matches!(e, Event::Handled(h) if &*h.mount == "stuck")));
     let first = host.handled(&stuck).await?;
-    assert!(
-        first
-            .failure
-            .as_deref()
-            .is_some_and(|f| f.contains("timeout")),
-        "{first:?}"
-    );
+    assert_failed(&first, "timeout");
     assert_eq!(first.disposition, Some(Disposition::Modified));
     let last = host.handled(&stuck).await?;
     assert_eq!(last.attempt, 2);
@@ -84,8 +80,7 @@ async fn fails_as_retry(body: &str) -> anyhow::Result<String> {
     let mut mount = MountToml::new("m", "fixture_script", &q).with("max_attempts = 2");
     mount.module = wat_handler(body);
     let module = mount.module.clone();
-    let mut host = TestHost::start(&url, &[mount]).await?;
-    let mut client = Client::connect(&url).await?;
+    let (mut host, mut client) = start_with_client(&url, &[mount]).await?;
     client
         .publish(&q, TestMessage::new(&q, "x").header(0))
         .await?;
@@ -121,19 +116,12 @@ async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<
     let mount = MountToml::new("m", "fixture_script", &q)
         .with("memory = \"16MiB\"")
         .with("max_attempts = 2");
-    let mut host = TestHost::start(&url, &[mount]).await?;
-    let mut client = Client::connect(&url).await?;
+    let (mut host, mut client) = start_with_client(&url, &[mount]).await?;
     client
         .publish(&q, TestMessage::new(&q, "hog").header(0).script("*:hog"))
         .await?;
     let first = host.handled(&q).await?;
-    assert!(
-        first
-            .failure
-            .as_deref()
-            .is_some_and(|f| f.contains("memory limit of 16777216 bytes")),
-        "{first:?}"
-    );
+    assert_failed(&first, "memory limit of 16777216 bytes");
     assert_eq!(first.disposition, Some(Disposition::Modified));
     assert_eq!(
         host.handled(&q).await?.disposition,

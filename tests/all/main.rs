@@ -232,6 +232,28 @@ impl TestHost {
     }
 }
 
+/// Starts a host with `mounts` on the broker at `url` and connects a test
+/// client to the same broker.
+pub(crate) async fn start_with_client(
+    url: &str,
+    mounts: &[MountToml],
+) -> anyhow::Result<(TestHost, client::Client)> {
+    let host = TestHost::start(url, mounts).await?;
+    let client = client::Client::connect(url).await?;
+    Ok((host, client))
+}
+
+/// Asserts that the handler failed, for a reason that mentions `reason`.
+pub(crate) fn assert_failed(handled: &Handled, reason: &str) {
+    assert!(
+        handled
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains(reason)),
+        "expected a failure mentioning {reason:?}: {handled:?}"
+    );
+}
+
 /// Host logs go to the test's captured output: shown only when it fails.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")

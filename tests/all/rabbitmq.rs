@@ -12,7 +12,7 @@ use wharf::events::Event;
 use wharf::settlement::{Disposition, Publish};
 
 use crate::client::{Client, TestMessage, retry_count};
-use crate::{MountToml, TestHost, rabbitmq_url, unique, wait_for_count};
+use crate::{MountToml, TestHost, rabbitmq_url, start_with_client, unique, wait_for_count};
 
 /// `/queue/NAME` declares the queue NAME on attach.
 fn queue(name: &str) -> String {
@@ -64,9 +64,7 @@ async fn setup(name: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Client)>
         mount = mount.with(line);
     }
     let url = rabbitmq_url();
-    let host = TestHost::start(&url, &[mount]).await?;
-    let client = Client::connect(&url).await?;
-    Ok((host, client))
+    start_with_client(&url, &[mount]).await
 }
 
 #[tokio::test]

@@ -9,7 +9,9 @@ use tokio::process::{Child, ChildStderr, Command};
 use wharf::settlement::Disposition;
 
 use crate::client::{Client, TestMessage, retry_count};
-use crate::{DEADLINE, MountToml, TestHost, artemis_url, config_text, unique, wait_for_count};
+use crate::{
+    DEADLINE, MountToml, artemis_url, config_text, start_with_client, unique, wait_for_count,
+};
 
 /// The `wharf` binary built beside this test binary.
 pub(crate) fn wharf_binary() -> PathBuf {
@@ -139,8 +141,8 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
 async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyhow::Result<()> {
     let q = unique("drain");
     let url = artemis_url();
-    let mut host = TestHost::start(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
-    let mut client = Client::connect(&url).await?;
+    let (mut host, mut client) =
+        start_with_client(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
     client
         .publish(
             &q,
@@ -162,8 +164,8 @@ async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyh
 async fn delayed_copy_is_published_when_the_host_stops() -> anyhow::Result<()> {
     let q = unique("early");
     let url = artemis_url();
-    let mut host = TestHost::start(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
-    let mut client = Client::connect(&url).await?;
+    let (mut host, mut client) =
+        start_with_client(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
     client
         .publish(
             &q,
