@@ -36,7 +36,7 @@ async fn assert_count(client: &mut Client, queue: &str, expected: u64) -> anyhow
 }
 
 /// Starts a host with one mount `m` on `address`, connects a client.
-async fn setup(address: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Client)> {
+pub(crate) async fn setup(address: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Client)> {
     let mut mount = MountToml::new("m", SCRIPT, address);
     for line in extra {
         mount = mount.with(line);
@@ -47,7 +47,7 @@ async fn setup(address: &str, extra: &[&str]) -> anyhow::Result<(TestHost, Clien
 
 /// Asserts that `address`'s queue and the broker's dead-letter queue for it
 /// are both empty once the host has stopped.
-async fn assert_gone(client: &mut Client, address: &str) -> anyhow::Result<()> {
+pub(crate) async fn assert_gone(client: &mut Client, address: &str) -> anyhow::Result<()> {
     assert_count(client, address, 0).await?;
     assert_count(client, &broker_dlq(address), 0).await
 }

@@ -8,10 +8,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, Command};
 use wharf::settlement::Disposition;
 
+use crate::artemis::{assert_gone, setup};
 use crate::client::{Client, TestMessage, retry_count};
-use crate::{
-    DEADLINE, MountToml, artemis_url, config_text, start_with_client, unique, wait_for_count,
-};
+use crate::{DEADLINE, MountToml, artemis_url, config_text, unique};
 
 /// The `wharf` binary built beside this test binary.
 pub(crate) fn wharf_binary() -> PathBuf {
@@ -140,9 +139,7 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
 #[tokio::test]
 async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyhow::Result<()> {
     let q = unique("drain");
-    let url = artemis_url();
-    let (mut host, mut client) =
-        start_with_client(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
+    let (mut host, mut client) = setup(&q, &[]).await?;
     client
         .publish(
             &q,
@@ -153,9 +150,7 @@ async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyh
     host.stop().await?;
     // Had the stop cut the handler short, the message would be back on the
     // queue; it was accepted instead.
-    wait_for_count(&q, 0, async || client.artemis_count(&q).await).await?;
-    let broker_dlq = format!("DLQ.{q}");
-    assert_eq!(client.artemis_count(&broker_dlq).await?, 0);
+    assert_gone(&mut client, &q).await?;
     client.close().await;
     Ok(())
 }
@@ -163,9 +158,7 @@ async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyh
 #[tokio::test]
 async fn delayed_copy_is_published_when_the_host_stops() -> anyhow::Result<()> {
     let q = unique("early");
-    let url = artemis_url();
-    let (mut host, mut client) =
-        start_with_client(&url, &[MountToml::new("m", "fixture_script", &q)]).await?;
+    let (mut host, mut client) = setup(&q, &[]).await?;
     client
         .publish(
             &q,
