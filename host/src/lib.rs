@@ -6,8 +6,11 @@
 //! - [`sandbox`]: the wasm engine, modules and limits;
 //! - [`broker`]: AMQP connections, links and publishing;
 //! - [`tenants`]: mounts at work, joining the three above;
-//! - [`events`]: what the host did, for anyone watching.
+//! - [`events`]: what the host did, for anyone watching;
+//! - [`authoring`]: tools for handler authors (`wharf new`, `invoke`,
+//!   `componentize`).
 
+pub mod authoring;
 pub mod broker;
 pub mod config;
 pub mod events;

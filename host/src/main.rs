@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
+use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::config::Config;
 use wharf::{Host, HostError};
 
@@ -60,6 +61,42 @@ enum Command {
         /// One message per body.
         #[arg(required = true)]
         bodies: Vec<String>,
+    },
+    /// Run one delivery through a handler component, without a broker, and
+    /// print its outcome.
+    Invoke {
+        /// The handler component.
+        #[arg(long, short)]
+        module: PathBuf,
+        /// The message body, as text.
+        #[arg(long, default_value = "")]
+        body: String,
+        /// An application property, `key=value` (a string); repeatable.
+        #[arg(long = "property", short = 'p', value_parser = parse_property)]
+        properties: Vec<(String, String)>,
+        /// The attempt number the handler sees.
+        #[arg(long, default_value_t = 1)]
+        attempt: u32,
+    },
+    /// Start a handler project: `wharf new --lang go my-handler`.
+    New {
+        /// The language: rust, js, python, go or c.
+        #[arg(long, short)]
+        lang: Language,
+        /// The project folder to create; its name is the project's name.
+        dir: PathBuf,
+    },
+    /// Turn a core wasm module (from clang, Go, ...) into a handler
+    /// component: embeds the world and adapts WASI preview1 imports.
+    Componentize {
+        /// The core module.
+        input: PathBuf,
+        /// Where to write the component.
+        #[arg(long, short)]
+        output: PathBuf,
+        /// Allocate through `memory.grow` while the module starts (Go needs it).
+        #[arg(long)]
+        realloc_via_memory_grow: bool,
     },
 }
 
@@ -122,6 +159,61 @@ async fn run(command: Command) -> anyhow::Result<()> {
         } => wharf::broker::send(&url, &address, &properties, &bodies)
             .await
             .context("send failed"),
+        Command::Invoke {
+            module,
+            body,
+            properties,
+            attempt,
+        } => {
+            let input = InvokeInput {
+                body: body.into_bytes(),
+                properties,
+                attempt,
+            };
+            match authoring::invoke(&module, input).await? {
+                Ok(outcome) => {
+                    println!("{}", describe(outcome));
+                    Ok(())
+                }
+                Err(failure) => {
+                    anyhow::bail!("handler failed ({}): {failure}", failure.kind())
+                }
+            }
+        }
+        Command::New { lang, dir } => {
+            authoring::scaffold(lang, &dir)?;
+            println!(
+                "created {lang} handler project `{}`; see its README.md",
+                dir.display()
+            );
+            Ok(())
+        }
+        Command::Componentize {
+            input,
+            output,
+            realloc_via_memory_grow,
+        } => {
+            let core = std::fs::read(&input)
+                .with_context(|| format!("cannot read `{}`", input.display()))?;
+            let options = ComponentizeOptions {
+                realloc_via_memory_grow,
+            };
+            let component = authoring::componentize(&core, options)
+                .with_context(|| format!("`{}`", input.display()))?;
+            std::fs::write(&output, component)
+                .with_context(|| format!("cannot write `{}`", output.display()))
+        }
+    }
+}
+
+/// An outcome as `wharf invoke` prints it.
+fn describe(outcome: wharf::sandbox::Outcome) -> String {
+    use wharf::sandbox::Outcome;
+    match outcome {
+        Outcome::Ack => "ack".to_owned(),
+        Outcome::Retry => "retry".to_owned(),
+        Outcome::RetryAfter(ms) => format!("retry-after {ms}ms"),
+        Outcome::Drop => "drop".to_owned(),
     }
 }
 

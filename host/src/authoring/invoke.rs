@@ -1,0 +1,56 @@
+//! `wharf invoke`: one delivery through a component in the real sandbox,
+//! without a broker, to try a handler while writing it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::Mount;
+use crate::sandbox::{CallLimits, Delivery, Failure, LogTags, Outcome, Property, Sandbox, Value};
+
+/// What the made-up delivery carries.
+#[derive(Debug, Clone, Default)]
+pub struct InvokeInput {
+    /// The message body.
+    pub body: Vec<u8>,
+    /// String application properties.
+    pub properties: Vec<(String, String)>,
+    /// The attempt number the handler sees.
+    pub attempt: u32,
+}
+
+/// Loads `module` and runs one delivery through it with the default mount
+/// limits; the load error, or the handler's outcome or failure.
+pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<Outcome, Failure>> {
+    let sandbox = Sandbox::new()?;
+    let module = sandbox.load(module)?;
+    let delivery = Delivery {
+        body: input.body,
+        content_type: None,
+        subject: None,
+        message_id: Some("invoke-1".to_owned()),
+        correlation_id: None,
+        reply_to: None,
+        properties: input
+            .properties
+            .into_iter()
+            .map(|(key, value)| Property {
+                key,
+                value: Value::String(value),
+            })
+            .collect(),
+        address: "invoke".to_owned(),
+        tenant: "invoke".to_owned(),
+        mount: "invoke".to_owned(),
+        attempt: input.attempt.max(1),
+        presettled: false,
+    };
+    let limits = CallLimits {
+        timeout: Mount::DEFAULT_TIMEOUT,
+        memory: Mount::DEFAULT_MEMORY,
+    };
+    let tags = Arc::new(LogTags {
+        tenant: "invoke".into(),
+        mount: "invoke".into(),
+    });
+    Ok(module.call(&delivery, limits, tags).await)
+}

@@ -1,0 +1,14 @@
+//! Tools for handler authors: turn a core module into a handler component,
+//! start a project in any supported language, and run one delivery through a
+//! component without a broker.
+
+mod componentize;
+mod invoke;
+mod scaffold;
+
+pub use componentize::{ComponentizeOptions, componentize};
+pub use invoke::{InvokeInput, invoke};
+pub use scaffold::{Language, scaffold};
+
+/// The WIT contract every handler implements, as built into this binary.
+pub const HANDLER_WIT: &str = include_str!("../../../wit/handler.wit");
