@@ -1,0 +1,20 @@
+//go:build !wasm
+
+package wharf
+
+import (
+	"fmt"
+	"os"
+)
+
+var levelNames = [...]string{"TRACE", "DEBUG", "INFO", "WARN", "ERROR"}
+
+// Off wasm there is no host: log lines go to stderr, so handlers can be
+// unit-tested with go test.
+func writeLog(level Level, message string) {
+	name := "LEVEL"
+	if int(level) < len(levelNames) {
+		name = levelNames[level]
+	}
+	fmt.Fprintf(os.Stderr, "%s %s\n", name, message)
+}
