@@ -1,0 +1,203 @@
+/*
+ * wharf.h: write wharf message handlers in C.
+ *
+ * A handler is one function you define, from a delivery to an outcome:
+ *
+ *     #include "wharf.h"
+ *
+ *     wharf_outcome_t handle(const wharf_delivery_t *d) {
+ *         wharf_info("attempt %u of message %.*s", d->attempt,
+ *                    WHARF_STR_ARG(wharf_opt_str(d->message_id)));
+ *         if (wharf_str_eq(wharf_body_str(d), "later"))
+ *             return wharf_retry_after(2000);
+ *         return wharf_ack();
+ *     }
+ *
+ * The host owns the broker: it settles the message by the outcome you
+ * return, counts attempts, dead-letters and publishes delayed copies. A trap
+ * (abort, __builtin_trap, a bad memory access) counts as retry.
+ *
+ * Everything a delivery points to lives until `handle` returns; copy what
+ * you need beyond that. Strings are UTF-8 views, not NUL-terminated: print
+ * them with "%.*s" and WHARF_STR_ARG(s).
+ *
+ * Build with wasi-libc (clang --target=wasm32-wasi -mexec-model=reactor), or
+ * with no libc at all (--target=wasm32-unknown-unknown -nostdlib, with
+ * -DWHARF_FREESTANDING): then this SDK provides malloc, calloc, realloc,
+ * free, memcpy, memmove, memset, memcmp, strlen and abort, and the headers in
+ * freestanding/ declare them.
+ */
+#ifndef WHARF_H
+#define WHARF_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A UTF-8 string view: `len` bytes at `ptr`, not NUL-terminated. */
+typedef struct wharf_str {
+    const char *ptr;
+    size_t len;
+} wharf_str_t;
+
+/* A byte view. */
+typedef struct wharf_bytes {
+    const uint8_t *ptr;
+    size_t len;
+} wharf_bytes_t;
+
+/* printf arguments for "%.*s". */
+#define WHARF_STR_ARG(s) (int)(s).len, (s).ptr
+
+/* The kind of an application property's value. */
+typedef enum wharf_value_kind {
+    WHARF_VALUE_STRING = 0,    /* AMQP string and symbol: .as.str */
+    WHARF_VALUE_INT = 1,       /* AMQP byte, short, int, long: .as.i */
+    WHARF_VALUE_UINT = 2,      /* AMQP ubyte, ushort, uint, ulong: .as.u */
+    WHARF_VALUE_FLOAT = 3,     /* AMQP float and double: .as.f */
+    WHARF_VALUE_BOOL = 4,      /* AMQP boolean: .as.b */
+    WHARF_VALUE_BYTES = 5,     /* AMQP binary: .as.bytes */
+    WHARF_VALUE_TIMESTAMP = 6, /* AMQP timestamp, ms since the Unix epoch: .as.timestamp_ms */
+    WHARF_VALUE_NULL = 7,      /* AMQP null */
+    WHARF_VALUE_OTHER = 8,     /* any other AMQP type, rendered as text: .as.other */
+} wharf_value_kind_t;
+
+/* The typed value of an application property. */
+typedef struct wharf_value {
+    uint8_t kind; /* a wharf_value_kind_t */
+    union {
+        wharf_str_t str;
+        int64_t i;
+        uint64_t u;
+        double f;
+        bool b;
+        wharf_bytes_t bytes;
+        int64_t timestamp_ms;
+        wharf_str_t other;
+    } as;
+} wharf_value_t;
+
+/* One application property. */
+typedef struct wharf_property {
+    wharf_str_t key;
+    wharf_value_t value;
+} wharf_property_t;
+
+/* One delivery of one message to this handler. */
+typedef struct wharf_delivery {
+    /* The message body: the bytes of its data sections, or for an
+     * amqp-value body holding a string or binary, its contents. */
+    wharf_bytes_t body;
+    /* Message properties; NULL when the message has none. message_id and
+     * correlation_id are rendered as text whatever their AMQP type. */
+    const wharf_str_t *content_type;
+    const wharf_str_t *subject;
+    const wharf_str_t *message_id;
+    const wharf_str_t *correlation_id;
+    const wharf_str_t *reply_to;
+    /* The application properties, in the order the message carries them. */
+    const wharf_property_t *properties;
+    size_t properties_len;
+    /* The address the mount subscribes to, the tenant, the mount. */
+    wharf_str_t address;
+    wharf_str_t tenant;
+    wharf_str_t mount;
+    /* Which attempt this is; the first delivery of a message is attempt 1.
+     * It counts the broker's redeliveries and the host's retry copies. */
+    uint32_t attempt;
+    /* True when the mount is at-most-once: the broker already let the
+     * message go, so ack, drop and retry change nothing on the broker. */
+    bool presettled;
+} wharf_delivery_t;
+
+typedef enum wharf_outcome_kind {
+    WHARF_ACK = 0,         /* processed: the message leaves the queue */
+    WHARF_RETRY = 1,       /* failed: deliver it again (counts towards the attempt limit) */
+    WHARF_RETRY_AFTER = 2, /* failed: deliver it again, not before delay_ms */
+    WHARF_DROP = 3,        /* never deliver it again: the dead-letter policy decides */
+} wharf_outcome_kind_t;
+
+/* What the handler decided; make one with the constructors below. */
+typedef struct wharf_outcome {
+    wharf_outcome_kind_t kind;
+    uint64_t delay_ms; /* WHARF_RETRY_AFTER only */
+} wharf_outcome_t;
+
+/* The handler: define this function in your project. */
+wharf_outcome_t handle(const wharf_delivery_t *d);
+
+static inline wharf_outcome_t wharf_ack(void) {
+    wharf_outcome_t o = {WHARF_ACK, 0};
+    return o;
+}
+static inline wharf_outcome_t wharf_retry(void) {
+    wharf_outcome_t o = {WHARF_RETRY, 0};
+    return o;
+}
+static inline wharf_outcome_t wharf_retry_after(uint64_t delay_ms) {
+    wharf_outcome_t o = {WHARF_RETRY_AFTER, delay_ms};
+    return o;
+}
+static inline wharf_outcome_t wharf_drop(void) {
+    wharf_outcome_t o = {WHARF_DROP, 0};
+    return o;
+}
+
+/* Renders an outcome as the other wharf SDKs do in logs: "Ack", "Retry",
+ * "RetryAfter(1500)", "Drop". Writes at most `cap` bytes including the NUL
+ * into buf and returns buf. 32 bytes are always enough. */
+const char *wharf_outcome_name(wharf_outcome_t o, char *buf, size_t cap);
+
+/* A view of a NUL-terminated string. */
+wharf_str_t wharf_str(const char *s);
+/* Whether a view holds exactly the NUL-terminated string s. */
+bool wharf_str_eq(wharf_str_t a, const char *s);
+/* The view *s, or an empty view when s is NULL (for optional fields). */
+wharf_str_t wharf_opt_str(const wharf_str_t *s);
+
+/* The body as a string view (whatever its bytes). */
+wharf_str_t wharf_body_str(const wharf_delivery_t *d);
+/* Whether the body is valid UTF-8. */
+bool wharf_body_is_utf8(const wharf_delivery_t *d);
+
+/* The value of the first application property called key, or NULL. */
+const wharf_value_t *wharf_property(const wharf_delivery_t *d, const char *key);
+/* The application property key if it is a string: true and *out set. */
+bool wharf_property_str(const wharf_delivery_t *d, const char *key, wharf_str_t *out);
+
+/* Log levels of the host's log. */
+typedef enum wharf_level {
+    WHARF_TRACE = 0,
+    WHARF_DEBUG = 1,
+    WHARF_INFO = 2,
+    WHARF_WARN = 3,
+    WHARF_ERROR = 4,
+} wharf_level_t;
+
+/* Writes one line into the host's log, tagged with tenant and mount. */
+void wharf_log(wharf_level_t level, wharf_str_t message);
+
+/* printf-style logging, with or without libc. The SDK's own formatter knows
+ * %d %i %u %x %X %c %s %p %f %% with the length modifiers hh h l ll z j t,
+ * a width, the flags - 0 +, and a precision (also .* for strings: pass
+ * WHARF_STR_ARG(view) for "%.*s"). */
+void wharf_logf(wharf_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void wharf_vlogf(wharf_level_t level, const char *fmt, va_list args);
+
+#define wharf_trace(...) wharf_logf(WHARF_TRACE, __VA_ARGS__)
+#define wharf_debug(...) wharf_logf(WHARF_DEBUG, __VA_ARGS__)
+#define wharf_info(...) wharf_logf(WHARF_INFO, __VA_ARGS__)
+#define wharf_warn(...) wharf_logf(WHARF_WARN, __VA_ARGS__)
+#define wharf_error(...) wharf_logf(WHARF_ERROR, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
