@@ -88,6 +88,19 @@ export const log = Object.freeze({
 
 const UNDECODED = Symbol('undecoded');
 
+// QuickJS has no console: route it to the host's log so handlers and the
+// libraries they bundle can still write lines.
+if (typeof globalThis.console === 'undefined') {
+  globalThis.console = {
+    log: log.info,
+    info: log.info,
+    debug: log.debug,
+    trace: log.trace,
+    warn: log.warn,
+    error: log.error,
+  };
+}
+
 /** One delivery of one message: see wharf.d.ts. */
 export class Delivery {
   #text = UNDECODED;
@@ -200,13 +213,16 @@ function toWit(outcome) {
 /**
  * Turns `fn(delivery) -> outcome` into the component's `handle` export:
  * `export const handle = handler(fn)`. With the default engine
- * (StarlingMonkey) `fn` may be async.
+ * (StarlingMonkey) `fn` may be async; QuickJS runs only plain functions.
  */
 export function handler(fn) {
   if (typeof fn !== 'function') throw new TypeError('handler() takes a function');
   return function handle(raw) {
     const outcome = fn(new Delivery(raw));
-    if (outcome && typeof outcome.then === 'function') return outcome.then(toWit);
+    if (outcome && typeof outcome.then === 'function') {
+      if (QUICKJS) throw new TypeError('the quickjs engine cannot wait for an async handler; use starlingmonkey');
+      return outcome.then(toWit);
+    }
     return toWit(outcome);
   };
 }
