@@ -1,11 +1,14 @@
 #!/usr/bin/env node
 // Builds the handler project in the current directory into a wharf component.
 //
-//   node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs] [ENTRY]
+//   node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs]
+//                        [--grants clocks,random] [ENTRY]
 //
 // ENTRY defaults to package.json "main" (else handler.js), OUT to
 // "<package name>.wasm", the engine to package.json "wharf.engine" (else
-// starlingmonkey). The handler and everything it imports (the SDK, npm
+// starlingmonkey), the grants to "wharf.grants" (else none): the WASI the
+// mount will grant, which StarlingMonkey may then use (without clocks it
+// would read the clock on every call). The handler and everything it imports (the SDK, npm
 // packages) is bundled into one ES module first: the engines resolve only
 // relative imports, and only inside the project folder.
 
@@ -18,6 +21,9 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
 const ENGINES = ['starlingmonkey', 'quickjs'];
+// What the mount may grant beyond computing on the delivery (see wharf.toml
+// [grants]); StarlingMonkey keeps the engine features that use them.
+const GRANTS = ['clocks', 'random'];
 const SDK_DIR = dirname(fileURLToPath(import.meta.url));
 const WIT_DIR = join(SDK_DIR, 'wit');
 const PROJECT_DIR = process.cwd();
@@ -31,12 +37,13 @@ const { values: args, positionals } = parseArgs({
   options: {
     output: { type: 'string', short: 'o' },
     engine: { type: 'string' },
+    grants: { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   },
   allowPositionals: true,
 });
 if (args.help) {
-  console.log('usage: node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs] [ENTRY]');
+  console.log('usage: node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs] [--grants clocks,random] [ENTRY]');
   process.exit(0);
 }
 
@@ -47,6 +54,10 @@ const entry = resolve(positionals[0] ?? manifest.main ?? 'handler.js');
 const output = resolve(args.output ?? `${(manifest.name ?? 'handler').replace(/^@.*\//, '')}.wasm`);
 const engine = args.engine ?? manifest.wharf?.engine ?? 'starlingmonkey';
 if (!ENGINES.includes(engine)) fail(`unknown engine "${engine}" (one of ${ENGINES.join(', ')})`);
+const grants = args.grants !== undefined ? args.grants.split(',').filter(Boolean) : (manifest.wharf?.grants ?? []);
+for (const grant of grants) {
+  if (!GRANTS.includes(grant)) fail(`unknown grant "${grant}" (one of ${GRANTS.join(', ')})`);
+}
 if (!existsSync(entry)) fail(`no handler source at ${entry}`);
 
 // Tools come from the project's node_modules, also when this file is reached
@@ -80,7 +91,7 @@ try {
     mainFields: ['module', 'main'],
     alias: { wharf: join(SDK_DIR, 'wharf.js') },
     external: ['wharf:*', 'wasi:*'],
-    define: { __WHARF_ENGINE__: JSON.stringify(engine) },
+    define: { __WHARF_ENGINE__: JSON.stringify(engine), __WHARF_GRANTS__: JSON.stringify(grants) },
     logLevel: 'warning',
   });
 
@@ -97,19 +108,21 @@ try {
     }));
   } else {
     const { componentize } = await importFromProject('@bytecodealliance/componentize-js');
-    // No wasi:http: handlers do not talk to the network. Never AOT (weval
-    // would be downloaded at build time).
+    // No wasi:http: handlers do not talk to the network. Clocks and random
+    // only when granted. Never AOT (weval would be downloaded at build time).
+    const disabled = ['http', 'fetch-event', ...GRANTS.filter((g) => !grants.includes(g))];
     ({ component } = await componentize({
       sourcePath: bundled,
       witPath: WIT_DIR,
       worldName: 'handler',
-      disableFeatures: ['http', 'fetch-event'],
+      disableFeatures: disabled,
     }));
   }
   await writeFile(output, component);
   const kib = Math.round(component.length / 1024);
   const seconds = ((Date.now() - started) / 1000).toFixed(1);
-  console.log(`${output}: ${kib} KiB (${engine}, ${seconds} s)`);
+  const using = grants.length ? `, grants ${grants.join(',')}` : '';
+  console.log(`${output}: ${kib} KiB (${engine}${using}, ${seconds} s)`);
 } catch (e) {
   fail(e?.message ?? String(e));
 } finally {

@@ -17,8 +17,10 @@ import * as hostLog from 'wharf:handler/log@0.1.0';
 // interface import as named exports; QuickJS (componentize-qjs) passes 64-bit
 // integers as numbers, options as null and an interface import as one default
 // export. The build defines __WHARF_ENGINE__; the SDK gives handlers one shape.
-/* global __WHARF_ENGINE__ */
+/* global __WHARF_ENGINE__, __WHARF_GRANTS__ */
 const QUICKJS = typeof __WHARF_ENGINE__ !== 'undefined' && __WHARF_ENGINE__ === 'quickjs';
+const STARLINGMONKEY = typeof __WHARF_ENGINE__ !== 'undefined' && __WHARF_ENGINE__ === 'starlingmonkey';
+const GRANTS = typeof __WHARF_GRANTS__ !== 'undefined' ? __WHARF_GRANTS__ : [];
 
 const writeLog = hostLog.log ?? hostLog.default.log;
 
@@ -99,6 +101,67 @@ if (typeof globalThis.console === 'undefined') {
     warn: log.warn,
     error: log.error,
   };
+}
+
+// StarlingMonkey built without its clocks or random feature (so that it calls
+// no WASI function the mount does not grant) would answer with the time of the
+// build and the same "random" numbers in every instance. Fail loudly instead.
+if (STARLINGMONKEY) {
+  if (!GRANTS.includes('clocks')) guardClocks();
+  if (!GRANTS.includes('random')) guardRandom();
+}
+
+function denied(what, grant) {
+  return new Error(
+    `${what} needs the ${grant} grant: add "${grant}" to "wharf": { "grants": [...] } in package.json ` +
+      `and grant ${grant} to the mount`,
+  );
+}
+
+function replace(object, name, value) {
+  try {
+    Object.defineProperty(object, name, { value, writable: true, configurable: true });
+  } catch {
+    // Leave what cannot be replaced.
+  }
+}
+
+function guardClocks() {
+  const RealDate = Date;
+  function GuardedDate(...args) {
+    if (!new.target) throw denied('Date()', 'clocks');
+    if (args.length === 0) throw denied('new Date()', 'clocks');
+    return Reflect.construct(RealDate, args, new.target);
+  }
+  Object.setPrototypeOf(GuardedDate, RealDate);
+  GuardedDate.prototype = RealDate.prototype;
+  replace(GuardedDate, 'now', () => {
+    throw denied('Date.now()', 'clocks');
+  });
+  replace(globalThis, 'Date', GuardedDate);
+  if (globalThis.performance) {
+    replace(globalThis.performance, 'now', () => {
+      throw denied('performance.now()', 'clocks');
+    });
+  }
+  for (const timer of ['setTimeout', 'setInterval']) {
+    replace(globalThis, timer, () => {
+      throw denied(`${timer}()`, 'clocks');
+    });
+  }
+}
+
+function guardRandom() {
+  replace(Math, 'random', () => {
+    throw denied('Math.random()', 'random');
+  });
+  if (globalThis.crypto) {
+    for (const name of ['getRandomValues', 'randomUUID']) {
+      replace(globalThis.crypto, name, () => {
+        throw denied(`crypto.${name}()`, 'random');
+      });
+    }
+  }
 }
 
 /** One delivery of one message: see wharf.d.ts. */

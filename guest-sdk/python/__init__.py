@@ -285,6 +285,60 @@ def _to_wit(outcome: object) -> object:
     )
 
 
+def _reseed_random_on_first_use() -> None:
+    """componentize-py calls ``random.seed()`` on the first call of every
+    instance, so that instances do not share the seed baked in at build time.
+    That reads ``wasi:random`` for every delivery, even for handlers that
+    never use randomness, on hosts that grant it only on request. Defer the
+    reseed to the first use of the ``random`` module instead."""
+    import random
+
+    class LazySeeded(type(random._inst)):  # type: ignore[misc]
+        def seed(self, a: object = None, version: int = 2) -> None:
+            if a is None:
+                self.__dict__["_wharf_reseed"] = True
+            else:
+                self.__dict__["_wharf_reseed"] = False
+                super().seed(a, version)
+
+        def _wharf_use(self) -> None:
+            if self.__dict__.get("_wharf_reseed"):
+                self.__dict__["_wharf_reseed"] = False
+                super().seed()
+
+        def random(self) -> float:
+            self._wharf_use()
+            return super().random()
+
+        def getrandbits(self, k: int) -> int:
+            self._wharf_use()
+            return super().getrandbits(k)
+
+        def randbytes(self, n: int) -> bytes:
+            self._wharf_use()
+            return super().randbytes(n)
+
+        def getstate(self) -> object:
+            self._wharf_use()
+            return super().getstate()
+
+        def setstate(self, state: object) -> None:
+            self.__dict__["_wharf_reseed"] = False
+            super().setstate(state)
+
+    instance = random._inst
+    instance.__class__ = LazySeeded
+    # The module's functions are bound methods of that instance: rebind them.
+    for name in dir(random):
+        function = getattr(random, name)
+        if getattr(function, "__self__", None) is instance:
+            setattr(random, name, getattr(instance, getattr(function, "__name__", name)))
+
+
+if _wit_types is not None:
+    _reseed_random_on_first_use()
+
+
 Handler = TypeVar("Handler", bound=Callable[[Delivery], Outcome])
 
 
