@@ -34,7 +34,7 @@ fn main() {
         sdk_files.retain(|(relative, _)| *relative != format!("{sdk_dir}/README.md"));
         files.extend(sdk_files);
         files.sort();
-        write!(out, "    (\"{lang}\", &[\n").expect("string write");
+        writeln!(out, "    (\"{lang}\", &[").expect("string write");
         for (relative, path) in files {
             writeln!(
                 out,

@@ -46,6 +46,21 @@ pub enum Event {
         /// Why the broker did not take it, if it did not.
         error: Option<String>,
     },
+    /// A mount's module file changed and was reloaded, or refused (then
+    /// the previous version keeps serving).
+    ModuleReloaded {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// The version now serving.
+        version: Arc<str>,
+        /// Why the new file was refused, if it was.
+        error: Option<String>,
+    },
+    /// The config file was read again and applied, or refused (then the
+    /// running config stays).
+    ConfigReloaded(ConfigChange),
     /// The mount stopped taking deliveries.
     MountStopped {
         /// The tenant.
@@ -70,6 +85,8 @@ pub struct Handled {
     pub attempt: u32,
     /// The counters the delivery carried.
     pub counters: Counters,
+    /// The version (content digest) of the module that handled it.
+    pub module_version: Arc<str>,
     /// The outcome the plan was made from (a failed handler counts as retry).
     pub outcome: Outcome,
     /// Why the handler failed, when it did.
@@ -79,6 +96,19 @@ pub struct Handled {
     /// The disposition actually sent, if any.
     pub disposition: Option<Disposition>,
     /// A publish or settlement that went wrong.
+    pub error: Option<String>,
+}
+
+/// What a config reload changed, as `tenant/mount` names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigChange {
+    /// Mounts attached.
+    pub added: Vec<String>,
+    /// Mounts drained and detached.
+    pub removed: Vec<String>,
+    /// Mounts drained and attached again with their new settings.
+    pub replaced: Vec<String>,
+    /// Why the new config was refused, if it was.
     pub error: Option<String>,
 }
 

@@ -7,9 +7,11 @@
 //! - [`broker`]: AMQP connections, links and publishing;
 //! - [`tenants`]: mounts at work, joining the three above;
 //! - [`events`]: what the host did, for anyone watching;
+//! - [`admin`]: metrics and health over HTTP;
 //! - [`authoring`]: tools for handler authors (`wharf new`, `invoke`,
 //!   `componentize`).
 
+pub mod admin;
 pub mod authoring;
 pub mod broker;
 pub mod config;

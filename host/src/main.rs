@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::config::Config;
+use wharf::sandbox::{Grants, Output};
 use wharf::{Host, HostError};
 
 #[derive(Parser)]
@@ -77,6 +78,12 @@ enum Command {
         /// The attempt number the handler sees.
         #[arg(long, default_value_t = 1)]
         attempt: u32,
+        /// Grant `clocks` or `random` (as a mount's [grants] would); repeatable.
+        #[arg(long = "grant", value_parser = ["clocks", "random"])]
+        grants: Vec<String>,
+        /// An environment variable the handler may read, `NAME=value`; repeatable.
+        #[arg(long = "env", value_parser = parse_property)]
+        env: Vec<(String, String)>,
     },
     /// Start a handler project: `wharf new --lang go my-handler`.
     New {
@@ -164,11 +171,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
             body,
             properties,
             attempt,
+            grants,
+            env,
         } => {
             let input = InvokeInput {
                 body: body.into_bytes(),
                 properties,
                 attempt,
+                grants: Grants {
+                    clocks: grants.iter().any(|g| g == "clocks"),
+                    random: grants.iter().any(|g| g == "random"),
+                    env: env.into_iter().collect(),
+                    output: Output::Log,
+                },
             };
             match authoring::invoke(&module, input).await? {
                 Ok(outcome) => {

@@ -139,7 +139,8 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
 #[tokio::test]
 async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyhow::Result<()> {
     let q = unique("drain");
-    let (mut host, mut client) = setup(&q, &[]).await?;
+    // `busy` reads the clock to know when to stop.
+    let (mut host, mut client) = setup(&q, &["[tenant.mount.grants]", "clocks = true"]).await?;
     client
         .publish(
             &q,

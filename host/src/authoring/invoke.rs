@@ -5,7 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::Mount;
-use crate::sandbox::{CallLimits, Delivery, Failure, LogTags, Outcome, Property, Sandbox, Value};
+use crate::sandbox::{
+    CallLimits, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome, Property,
+    Sandbox, Value,
+};
 
 /// What the made-up delivery carries.
 #[derive(Debug, Clone, Default)]
@@ -16,6 +19,8 @@ pub struct InvokeInput {
     pub properties: Vec<(String, String)>,
     /// The attempt number the handler sees.
     pub attempt: u32,
+    /// What the handler may use.
+    pub grants: Grants,
 }
 
 /// Loads `module` and runs one delivery through it with the default mount
@@ -52,5 +57,13 @@ pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<
         tenant: "invoke".into(),
         mount: "invoke".into(),
     });
-    Ok(module.call(&delivery, limits, tags).await)
+    let instances = Arc::new(Instances::new(
+        module,
+        limits,
+        InstancePolicy::PerDelivery,
+        input.grants,
+        tags,
+        None,
+    ));
+    Ok(instances.reserve().await.call(&delivery).await)
 }

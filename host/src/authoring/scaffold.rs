@@ -6,9 +6,11 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 
-/// The templates and SDKs built into this binary, by language: each file's
-/// path in a new project and its contents.
-static TEMPLATES: &[(&str, &[(&str, &[u8])])] = include!(concat!(env!("OUT_DIR"), "/templates.rs"));
+/// A file of a new project: its path in the project and its contents.
+type File = (&'static str, &'static [u8]);
+
+/// The templates and SDKs built into this binary, by language.
+static TEMPLATES: &[(&str, &[File])] = include!(concat!(env!("OUT_DIR"), "/templates.rs"));
 
 /// A language `wharf new` can start a project in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +48,7 @@ impl Language {
         }
     }
 
-    fn files(self) -> &'static [(&'static str, &'static [u8])] {
+    fn files(self) -> &'static [File] {
         TEMPLATES
             .iter()
             .find(|(name, _)| *name == self.name())
@@ -163,7 +165,7 @@ mod tests {
         assert!(
             "cobol"
                 .parse::<Language>()
-                .unwrap_err()
+                .expect_err("cobol is no language here")
                 .contains("rust, js")
         );
     }

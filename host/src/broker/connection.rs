@@ -5,6 +5,10 @@ use fe2o3_amqp::connection::ConnectionHandle;
 
 use super::BrokerError;
 
+/// Sessions one connection may carry: each mount uses two (its receiver's
+/// and its publisher's), and hundreds of tenants may share a connection.
+const CHANNEL_MAX: u16 = 4096;
+
 /// An open AMQP 1.0 connection.
 pub struct BrokerConnection {
     handle: ConnectionHandle<()>,
@@ -15,7 +19,10 @@ impl BrokerConnection {
     /// Opens a connection; SASL PLAIN is used when the URL carries a user and
     /// password.
     pub async fn open(url: &str, container_id: &str) -> Result<BrokerConnection, BrokerError> {
-        let handle = Connection::open(container_id.to_owned(), url)
+        let handle = Connection::builder()
+            .container_id(container_id)
+            .channel_max(CHANNEL_MAX)
+            .open(url)
             .await
             .map_err(|e| BrokerError::Connect {
                 url: redact(url),

@@ -6,14 +6,16 @@
 
 mod units;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::sandbox::{Grants, InstancePolicy, Output};
 pub use units::{parse_duration, parse_size};
 
 /// A configuration that could not be loaded.
@@ -91,16 +93,28 @@ impl Node {
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file it was read from (reloads read it again).
+    pub path: PathBuf,
     /// The default broker connection.
     pub broker: Broker,
     /// Host-wide settings.
     pub host: HostSettings,
+    /// The admin listener, if any.
+    pub admin: Option<Admin>,
     /// Every tenant, in file order.
     pub tenants: Vec<Tenant>,
 }
 
+/// The HTTP listener for `/metrics` and `/healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// Where to listen, e.g. `127.0.0.1:9090`.
+    pub listen: SocketAddr,
+}
+
 /// Where the broker is.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Broker {
     /// `amqp://user:password@host:port`.
@@ -113,7 +127,7 @@ pub struct Broker {
 }
 
 /// Settings for the whole process.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostSettings {
     /// On SIGINT/SIGTERM, how long in-flight handlers may still run before
@@ -130,13 +144,37 @@ impl Default for HostSettings {
     }
 }
 
-/// A team sharing the host: a name and its mounts.
-#[derive(Debug, Clone)]
+/// A team sharing the host: a name, its limits and its mounts.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tenant {
     /// Unique among tenants.
     pub name: String,
+    /// The tenant's own broker connection; `None` shares the host's.
+    pub broker: Option<Broker>,
+    /// What the tenant's mounts may use together.
+    pub budget: TenantBudget,
     /// The tenant's subscriptions, in file order.
     pub mounts: Vec<Mount>,
+}
+
+impl Tenant {
+    /// The mount called `name`.
+    pub fn mount(&self, name: &str) -> Option<&Mount> {
+        self.mounts.iter().find(|m| m.name == name)
+    }
+}
+
+/// Limits on all of a tenant's mounts together, on top of each mount's own.
+/// Reaching one slows the tenant's links down; it never fails a delivery.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantBudget {
+    /// Handlers running at once.
+    pub max_running: Option<u32>,
+    /// Instance memory, in bytes: each running or reusable instance counts
+    /// its mount's `memory`.
+    pub max_memory: Option<u64>,
+    /// Deliveries in flight plus delayed copies waiting for their time.
+    pub max_pending_copies: Option<u32>,
 }
 
 /// One subscription: a broker address whose deliveries run one module.
@@ -167,6 +205,10 @@ pub struct Mount {
     pub memory: u64,
     /// The longest `retry-after` delay honoured; longer ones are shortened.
     pub max_retry_delay: Duration,
+    /// Fresh instance per delivery, or reuse.
+    pub instance: InstancePolicy,
+    /// What the handler may use beyond its delivery.
+    pub grants: Grants,
 }
 
 impl Mount {
@@ -180,6 +222,18 @@ impl Mount {
     pub const DEFAULT_MEMORY: u64 = 64 << 20;
     /// Default ceiling for `retry-after` delays.
     pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
+    /// Default number of deliveries a reused instance serves.
+    pub const DEFAULT_INSTANCE_MAX_USES: u32 = 1000;
+    /// Default time a reusable instance is kept unused.
+    pub const DEFAULT_INSTANCE_MAX_IDLE: Duration = Duration::from_secs(30);
+}
+
+/// How a mount asks for instances, as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum InstanceMode {
+    PerDelivery,
+    Reuse,
 }
 
 fn default_container_id() -> String {
@@ -199,6 +253,7 @@ struct RawConfig {
     broker: Broker,
     #[serde(default)]
     host: HostSettings,
+    admin: Option<Admin>,
     #[serde(default, rename = "tenant")]
     tenants: Vec<RawTenant>,
 }
@@ -207,8 +262,25 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawTenant {
     name: Spanned<String>,
+    broker: Option<Broker>,
+    max_running: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_size")]
+    max_memory: Option<Spanned<u64>>,
+    max_pending_copies: Option<Spanned<u32>>,
     #[serde(default, rename = "mount")]
     mounts: Vec<RawMount>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGrants {
+    #[serde(default)]
+    clocks: bool,
+    #[serde(default)]
+    random: bool,
+    env: Option<Spanned<BTreeMap<String, String>>>,
+    #[serde(default)]
+    output: Output,
 }
 
 #[derive(Deserialize)]
@@ -230,6 +302,12 @@ struct RawMount {
     memory: Option<Spanned<u64>>,
     #[serde(default, deserialize_with = "optional_duration")]
     max_retry_delay: Option<Spanned<Duration>>,
+    instance: Option<Spanned<InstanceMode>>,
+    instance_max_uses: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    instance_max_idle: Option<Spanned<Duration>>,
+    #[serde(default)]
+    grants: RawGrants,
 }
 
 fn optional_duration<'de, D: serde::Deserializer<'de>>(
@@ -278,6 +356,9 @@ impl Config {
         let checker = Checker { path, text };
         let mut tenants = Vec::with_capacity(raw.tenants.len());
         let mut tenant_names = HashSet::new();
+        // Which tenant uses each address, per broker: an address belongs to
+        // one tenant, so no tenant can feed or drain another's.
+        let mut owners: HashMap<(String, String), String> = HashMap::new();
         for tenant in raw.tenants {
             checker.name("tenant", &tenant.name)?;
             if !tenant_names.insert(tenant.name.get_ref().clone()) {
@@ -286,7 +367,20 @@ impl Config {
                     format!("duplicate tenant name `{}`", tenant.name.get_ref()),
                 ));
             }
-            let tenant_name = tenant.name.into_inner();
+            let tenant_name = tenant.name.get_ref().clone();
+            let here = format!("tenant `{tenant_name}`");
+            checker.positive(&here, "max_running", &tenant.max_running)?;
+            checker.positive(&here, "max_pending_copies", &tenant.max_pending_copies)?;
+            let budget = TenantBudget {
+                max_running: tenant.max_running.map(Spanned::into_inner),
+                max_memory: tenant.max_memory.as_ref().map(|m| *m.get_ref()),
+                max_pending_copies: tenant.max_pending_copies.map(Spanned::into_inner),
+            };
+            let broker_url = tenant
+                .broker
+                .as_ref()
+                .map_or(&raw.broker.url, |b| &b.url)
+                .clone();
             let mut mount_names = HashSet::new();
             let mut mounts = Vec::with_capacity(tenant.mounts.len());
             for mount in tenant.mounts {
@@ -301,16 +395,43 @@ impl Config {
                         ),
                     ));
                 }
+                if let Some(max_memory) = &tenant.max_memory
+                    && let Some(memory) = &mount.memory
+                    && memory.get_ref() > max_memory.get_ref()
+                {
+                    return Err(checker.invalid(
+                        memory,
+                        format!("{here}: `memory` is larger than the tenant's `max_memory`"),
+                    ));
+                }
+                let addresses = std::iter::once(&mount.address).chain(&mount.dead_letter);
+                for address in addresses {
+                    let key = (broker_url.clone(), address.get_ref().clone());
+                    let owner = owners.entry(key).or_insert_with(|| tenant_name.clone());
+                    if *owner != tenant_name {
+                        return Err(checker.invalid(
+                            address,
+                            format!(
+                                "{here}: address `{}` already belongs to tenant `{owner}`; tenants cannot share addresses",
+                                address.get_ref()
+                            ),
+                        ));
+                    }
+                }
                 mounts.push(checker.mount(&here, base, mount)?);
             }
             tenants.push(Tenant {
                 name: tenant_name,
+                broker: tenant.broker,
+                budget,
                 mounts,
             });
         }
         Ok(Config {
+            path: path.to_owned(),
             broker: raw.broker,
             host: raw.host,
+            admin: raw.admin,
             tenants,
         })
     }
@@ -409,6 +530,8 @@ impl Checker<'_> {
         {
             return Err(self.invalid(m, format!("{here}: `memory` must be at least 1MiB")));
         }
+        let instance = self.instance_policy(here, &raw)?;
+        let grants = self.grants(here, raw.grants)?;
         Ok(Mount {
             name: raw.name.into_inner(),
             module,
@@ -432,6 +555,63 @@ impl Checker<'_> {
             max_retry_delay: raw
                 .max_retry_delay
                 .map_or(Mount::DEFAULT_MAX_RETRY_DELAY, Spanned::into_inner),
+            instance,
+            grants,
+        })
+    }
+
+    fn instance_policy(&self, here: &str, raw: &RawMount) -> Result<InstancePolicy, ConfigError> {
+        self.positive(here, "instance_max_uses", &raw.instance_max_uses)?;
+        let reuse = raw
+            .instance
+            .as_ref()
+            .is_some_and(|mode| *mode.get_ref() == InstanceMode::Reuse);
+        if !reuse {
+            let reuse_key = raw
+                .instance_max_uses
+                .as_ref()
+                .map(|v| (v.span(), "instance_max_uses"))
+                .or(raw
+                    .instance_max_idle
+                    .as_ref()
+                    .map(|v| (v.span(), "instance_max_idle")));
+            if let Some((span, key)) = reuse_key {
+                return Err(self.invalid(
+                    &Spanned::new(span, ()),
+                    format!("{here}: `{key}` only applies with `instance = \"reuse\"`"),
+                ));
+            }
+            return Ok(InstancePolicy::PerDelivery);
+        }
+        Ok(InstancePolicy::Reuse {
+            max_uses: raw
+                .instance_max_uses
+                .as_ref()
+                .map_or(Mount::DEFAULT_INSTANCE_MAX_USES, |v| *v.get_ref()),
+            max_idle: raw
+                .instance_max_idle
+                .as_ref()
+                .map_or(Mount::DEFAULT_INSTANCE_MAX_IDLE, |v| *v.get_ref()),
+        })
+    }
+
+    fn grants(&self, here: &str, raw: RawGrants) -> Result<Grants, ConfigError> {
+        if let Some(env) = &raw.env
+            && let Some(bad) = env
+                .get_ref()
+                .keys()
+                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return Err(self.invalid(
+                env,
+                format!("{here}: `grants.env` has an invalid variable name `{bad}`"),
+            ));
+        }
+        Ok(Grants {
+            clocks: raw.clocks,
+            random: raw.random,
+            env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
+            output: raw.output,
         })
     }
 }

@@ -1,18 +1,23 @@
 //! The wasm side: one engine, compiled handler modules, and calls into them
-//! under time and memory limits.
+//! under time and memory limits and capability grants.
 //!
 //! [`Sandbox`] owns the wasmtime engine (one epoch ticker thread) and the
 //! linker with everything a handler may import. [`Sandbox::load`] compiles and
-//! validates a component once; [`Module::call`] runs one delivery in a fresh
-//! instance and reports either the handler's outcome or why it failed.
+//! validates a component once; [`Instances`] runs a mount's deliveries in
+//! fresh or reused instances and reports either the handler's outcome or why
+//! it failed.
 
 mod engine;
+mod grants;
+mod instances;
 mod module;
 mod output;
 mod store;
 
 pub use engine::Sandbox;
-pub use module::{CallLimits, Failure, LoadError, LogTags, Module};
+pub use grants::{Denied, Grants, Output};
+pub use instances::{CallLimits, InstancePolicy, Instances, MemoryBudget, Reserved};
+pub use module::{Failure, LoadError, LogTags, Module};
 
 /// Bindings generated from `wit/handler.wit`.
 pub mod bindings {

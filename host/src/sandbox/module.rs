@@ -1,14 +1,14 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+use wasmtime::{Engine, Trap};
 
-use super::bindings::{Handler, HandlerPre};
+use super::bindings::HandlerPre;
+use super::grants::Denied;
 use super::store::StoreState;
-use super::{Delivery, Outcome};
 
 /// A module that could not be made ready to run.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,8 @@ pub enum Failure {
     OutOfMemory(u64),
     /// It recursed past the wasm stack limit.
     StackOverflow,
+    /// It called a WASI function its mount does not grant.
+    NotGranted(Denied),
     /// It trapped (a panic, `unreachable`, a bad memory access, ...).
     Trap(String),
     /// It could not be instantiated (its start code trapped, or the pool of
@@ -39,17 +41,53 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Every kind, for metrics that list them all from the start.
+    pub const KINDS: [&'static str; 7] = [
+        "timeout",
+        "out-of-memory",
+        "stack-overflow",
+        "not-granted",
+        "trap",
+        "instantiate",
+        "invalid-outcome",
+    ];
+
     /// A short stable name for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             Failure::Timeout(_) => "timeout",
             Failure::OutOfMemory(_) => "out-of-memory",
             Failure::StackOverflow => "stack-overflow",
+            Failure::NotGranted(_) => "not-granted",
             Failure::Trap(_) => "trap",
             Failure::Instantiate(_) => "instantiate",
             Failure::InvalidOutcome(_) => "invalid-outcome",
         }
     }
+
+    /// Sorts a wasmtime error from instantiating or calling a handler.
+    pub(crate) fn classify(
+        error: &wasmtime::Error,
+        timeout: Duration,
+        otherwise: fn(String) -> Failure,
+    ) -> Failure {
+        if let Some(denied) = error.downcast_ref::<Denied>() {
+            return Failure::NotGranted(denied.clone());
+        }
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::StackOverflow) => Failure::StackOverflow,
+            Some(Trap::Interrupt) => Failure::Timeout(timeout),
+            Some(_) => otherwise(format!("{error:?}")),
+            None if is_lift_error(error) => Failure::InvalidOutcome(format!("{error:?}")),
+            None => otherwise(format!("{error:?}")),
+        }
+    }
+}
+
+/// A return value that cannot be lifted into an `outcome` (a bad variant
+/// discriminant, say) surfaces as a plain error rather than a trap.
+fn is_lift_error(error: &wasmtime::Error) -> bool {
+    format!("{error:?}").contains("discriminant")
 }
 
 impl fmt::Display for Failure {
@@ -63,6 +101,7 @@ impl fmt::Display for Failure {
                 )
             }
             Failure::StackOverflow => f.write_str("overflowed its stack"),
+            Failure::NotGranted(denied) => denied.fmt(f),
             Failure::Trap(why) => write!(f, "trapped: {why}"),
             Failure::Instantiate(why) => write!(f, "could not be instantiated: {why}"),
             Failure::InvalidOutcome(why) => write!(f, "returned an invalid outcome: {why}"),
@@ -79,35 +118,35 @@ pub struct LogTags {
     pub mount: Arc<str>,
 }
 
-/// The budget of one handler call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallLimits {
-    /// Wall-clock time for instantiation and the call together.
-    pub timeout: Duration,
-    /// Linear memory of the instance, in bytes.
-    pub memory: u64,
-}
-
-/// A compiled, validated and pre-linked handler component.
+/// A compiled, validated and pre-linked handler component. Clones share
+/// the compiled code.
 #[derive(Clone)]
 pub struct Module {
-    engine: Engine,
-    pre: HandlerPre<StoreState>,
+    pub(super) compiled: Arc<Compiled>,
     path: Arc<Path>,
 }
 
+/// The code of a module, shared by every file with the same contents.
+pub(super) struct Compiled {
+    pub(super) engine: Engine,
+    pub(super) pre: HandlerPre<StoreState>,
+    version: Arc<str>,
+}
+
 impl Module {
-    pub(super) fn load(
+    /// Compiles `bytes` and checks the component against the world.
+    pub(super) fn compile(
         engine: &Engine,
         linker: &Linker<StoreState>,
         path: &Path,
+        bytes: &[u8],
+        version: Arc<str>,
     ) -> Result<Module, LoadError> {
         let fail = |reason: String| LoadError {
             path: path.to_owned(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
-        let component = Component::new(engine, &bytes)
+        let component = Component::new(engine, bytes)
             .map_err(|e| fail(format!("is not a valid wasm component: {e:?}")))?;
         let instance_pre = linker
             .instantiate_pre(&component)
@@ -118,10 +157,21 @@ impl Module {
             ))
         })?;
         Ok(Module {
-            engine: engine.clone(),
-            pre,
+            compiled: Arc::new(Compiled {
+                engine: engine.clone(),
+                pre,
+                version,
+            }),
             path: path.into(),
         })
+    }
+
+    /// The module of already compiled code, loaded from `path`.
+    pub(super) fn from_compiled(compiled: Arc<Compiled>, path: &Path) -> Module {
+        Module {
+            compiled,
+            path: path.into(),
+        }
     }
 
     /// The component file this module was compiled from.
@@ -129,66 +179,9 @@ impl Module {
         &self.path
     }
 
-    /// Runs one delivery in a fresh instance, so nothing a handler leaves in
-    /// memory reaches the next delivery.
-    pub async fn call(
-        &self,
-        delivery: &Delivery,
-        limits: CallLimits,
-        tags: Arc<LogTags>,
-    ) -> Result<Outcome, Failure> {
-        let deadline = Instant::now() + limits.timeout;
-        let mut store = Store::new(&self.engine, StoreState::new(tags, limits.memory, deadline));
-        store.limiter(|state| &mut state.memory);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
-        // The epoch check only fires while wasm runs; a guest parked in a
-        // host call (a WASI sleep) is caught by this outer timer.
-        let run = async {
-            let handler: Handler = self
-                .pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| classify(&e, limits, Failure::Instantiate))?;
-            handler
-                .call_handle(&mut store, delivery)
-                .await
-                .map_err(|e| classify(&e, limits, Failure::Trap))
-        };
-        let result = tokio::time::timeout(limits.timeout, run)
-            .await
-            .unwrap_or(Err(Failure::Timeout(limits.timeout)));
-        match result {
-            Err(Failure::Trap(_) | Failure::Instantiate(_)) if store.data().memory.refused => {
-                Err(Failure::OutOfMemory(limits.memory))
-            }
-            other => other,
-        }
+    /// A digest of the component's bytes: equal for equal files, so logs and
+    /// events tell which version of a module handled a delivery.
+    pub fn version(&self) -> &Arc<str> {
+        &self.compiled.version
     }
-}
-
-fn classify(
-    error: &wasmtime::Error,
-    limits: CallLimits,
-    otherwise: fn(String) -> Failure,
-) -> Failure {
-    match error.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => Failure::StackOverflow,
-        Some(Trap::Interrupt) => Failure::Timeout(limits.timeout),
-        Some(_) => otherwise(format!("{error:?}")),
-        None if is_lift_error(error) => Failure::InvalidOutcome(format!("{error:?}")),
-        None => otherwise(format!("{error:?}")),
-    }
-}
-
-/// A return value that cannot be lifted into an `outcome` (a bad variant
-/// discriminant, say) surfaces as a plain error rather than a trap.
-fn is_lift_error(error: &wasmtime::Error) -> bool {
-    format!("{error:?}").contains("discriminant")
 }

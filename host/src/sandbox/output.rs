@@ -7,10 +7,11 @@ use std::task::{Context, Poll};
 use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
+use super::grants::Output;
 use super::module::LogTags;
 use super::store::{MAX_LOG_LINE, truncate};
 
-/// Bytes of output kept per stream and instance; the rest is counted and
+/// Bytes of output kept per stream and delivery; the rest is counted and
 /// dropped, so a chatty or hostile guest cannot flood the log.
 const MAX_OUTPUT: usize = 64 * 1024;
 
@@ -21,22 +22,37 @@ pub(crate) struct LogOutput {
 }
 
 impl LogOutput {
-    pub(crate) fn new(tags: Arc<LogTags>, stream: &'static str) -> LogOutput {
+    pub(crate) fn new(tags: Arc<LogTags>, stream: &'static str, output: Output) -> LogOutput {
         LogOutput {
             lines: Arc::new(Mutex::new(Lines {
                 tags,
                 stream,
+                discard: output == Output::Drop,
                 pending: Vec::new(),
                 kept: 0,
                 dropped: 0,
             })),
         }
     }
+
+    /// Emits the last unfinished line and reports what was dropped; the
+    /// next delivery starts with a full allowance.
+    pub(crate) fn end_call(&self) {
+        self.lines().end_call();
+    }
+
+    fn lines(&self) -> std::sync::MutexGuard<'_, Lines> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 struct Lines {
     tags: Arc<LogTags>,
     stream: &'static str,
+    /// The mount routes output nowhere.
+    discard: bool,
     pending: Vec<u8>,
     kept: usize,
     dropped: usize,
@@ -44,6 +60,9 @@ struct Lines {
 
 impl Lines {
     fn write(&mut self, bytes: &[u8]) {
+        if self.discard {
+            return;
+        }
         let room = MAX_OUTPUT.saturating_sub(self.kept);
         let (keep, drop) = bytes.split_at(bytes.len().min(room));
         self.kept += keep.len();
@@ -72,8 +91,8 @@ impl Lines {
     }
 }
 
-impl Drop for Lines {
-    fn drop(&mut self) {
+impl Lines {
+    fn end_call(&mut self) {
         if !self.pending.is_empty() {
             let line = std::mem::take(&mut self.pending);
             self.emit(&line);
@@ -87,6 +106,14 @@ impl Drop for Lines {
                 "handler output over {MAX_OUTPUT} bytes was dropped"
             );
         }
+        self.kept = 0;
+        self.dropped = 0;
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        self.end_call();
     }
 }
 
@@ -108,10 +135,7 @@ impl AsyncWrite for LogOutput {
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.lines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .write(buf);
+        self.lines().write(buf);
         Poll::Ready(Ok(buf.len()))
     }
 

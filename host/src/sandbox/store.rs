@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use wasmtime::ResourceLimiter;
@@ -6,6 +7,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
+use super::grants::Grants;
 use super::module::LogTags;
 use super::output::LogOutput;
 
@@ -13,22 +15,46 @@ use super::output::LogOutput;
 /// streams); the rest is cut so a handler cannot flood the host's log.
 pub(crate) const MAX_LOG_LINE: usize = 4096;
 
+/// What every instance of one mount's module shares.
+pub(crate) struct InstanceSetup {
+    pub(crate) tags: Arc<LogTags>,
+    pub(crate) grants: Grants,
+    /// Whether the empty environment has been noted in the log yet.
+    empty_environment_noted: AtomicBool,
+}
+
+impl InstanceSetup {
+    pub(crate) fn new(tags: Arc<LogTags>, grants: Grants) -> InstanceSetup {
+        InstanceSetup {
+            tags,
+            grants,
+            empty_environment_noted: AtomicBool::new(false),
+        }
+    }
+}
+
 /// Everything one handler instance's store holds.
 pub(crate) struct StoreState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) memory: MemoryLimit,
     pub(crate) deadline: Instant,
-    tags: Arc<LogTags>,
+    pub(crate) setup: Arc<InstanceSetup>,
+    stdout: LogOutput,
+    stderr: LogOutput,
 }
 
 impl StoreState {
-    pub(crate) fn new(tags: Arc<LogTags>, memory_limit: u64, deadline: Instant) -> StoreState {
-        // Deny by default: no preopened directories, no environment, no
-        // arguments, no sockets. Output goes to the host log.
+    pub(crate) fn new(setup: Arc<InstanceSetup>, memory_limit: u64) -> StoreState {
+        let stdout = LogOutput::new(setup.tags.clone(), "stdout", setup.grants.output);
+        let stderr = LogOutput::new(setup.tags.clone(), "stderr", setup.grants.output);
+        // Deny by default: no preopened directories, no arguments, no
+        // sockets; only the granted environment. Clocks and random are
+        // checked against the grants when called (see `grants`).
         let wasi = WasiCtx::builder()
-            .stdout(LogOutput::new(tags.clone(), "stdout"))
-            .stderr(LogOutput::new(tags.clone(), "stderr"))
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .envs(&setup.grants.env.iter().collect::<Vec<_>>())
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
@@ -37,8 +63,37 @@ impl StoreState {
             wasi,
             table: ResourceTable::new(),
             memory: MemoryLimit::new(memory_limit),
-            deadline,
-            tags,
+            deadline: Instant::now(),
+            setup,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Readies a (possibly reused) instance for the next delivery.
+    pub(crate) fn begin_call(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        self.memory.refused = false;
+    }
+
+    /// Flushes the delivery's output and reports what was dropped, so each
+    /// delivery has its own output allowance.
+    pub(crate) fn end_call(&mut self) {
+        self.stdout.end_call();
+        self.stderr.end_call();
+    }
+
+    pub(crate) fn note_empty_environment(&self) {
+        if !self
+            .setup
+            .empty_environment_noted
+            .swap(true, Ordering::Relaxed)
+        {
+            tracing::info!(
+                tenant = &*self.setup.tags.tenant,
+                mount = &*self.setup.tags.mount,
+                "the handler read wasi:cli/environment, which is empty unless the mount grants `env`"
+            );
         }
     }
 }
@@ -55,7 +110,8 @@ impl WasiView for StoreState {
 impl LogHost for StoreState {
     fn log(&mut self, level: Level, message: String) {
         let message = truncate(&message, MAX_LOG_LINE);
-        let (tenant, mount) = (&*self.tags.tenant, &*self.tags.mount);
+        let tags = &self.setup.tags;
+        let (tenant, mount) = (&*tags.tenant, &*tags.mount);
         match level {
             Level::Trace => tracing::trace!(target: "wharf::guest", tenant, mount, "{message}"),
             Level::Debug => tracing::debug!(target: "wharf::guest", tenant, mount, "{message}"),

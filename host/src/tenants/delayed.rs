@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::broadcast;
+use tokio::sync::{OwnedSemaphorePermit, broadcast};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::MountMetrics;
 use crate::broker::Publisher;
 use crate::broker::message::{self, AmqpMessage};
 use crate::events::Event;
@@ -19,6 +20,7 @@ pub(crate) struct DelayedCopies {
     address: String,
     tags: Arc<LogTags>,
     events: broadcast::Sender<Event>,
+    metrics: MountMetrics,
     tracker: TaskTracker,
     flush: CancellationToken,
 }
@@ -29,25 +31,36 @@ impl DelayedCopies {
         address: String,
         tags: Arc<LogTags>,
         events: broadcast::Sender<Event>,
+        metrics: MountMetrics,
     ) -> DelayedCopies {
         DelayedCopies {
             publisher,
             address,
             tags,
             events,
+            metrics,
             tracker: TaskTracker::new(),
             flush: CancellationToken::new(),
         }
     }
 
     /// Publishes `copy` to the subscription address once `delay` has passed
-    /// (or at once when the mount is stopping).
-    pub(crate) fn schedule(&self, copy: AmqpMessage, retry_count: u32, delay: Duration) {
+    /// (or at once when the mount is stopping). `slot`, the tenant's room for
+    /// one more pending copy, is held until then.
+    pub(crate) fn schedule(
+        &self,
+        copy: AmqpMessage,
+        retry_count: u32,
+        delay: Duration,
+        slot: Option<OwnedSemaphorePermit>,
+    ) {
         let publisher = self.publisher.clone();
         let address = self.address.clone();
         let tags = self.tags.clone();
         let events = self.events.clone();
+        let metrics = self.metrics.clone();
         let flush = self.flush.clone();
+        metrics.copies_pending(1);
         self.tracker.spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
@@ -59,6 +72,9 @@ impl DelayedCopies {
                 .await
                 .err()
                 .map(|e| e.to_string());
+            metrics.copies_pending(-1);
+            metrics.copy_published(error.is_none());
+            drop(slot);
             if let Some(error) = &error {
                 tracing::error!(
                     tenant = &*tags.tenant,

@@ -1,20 +1,26 @@
-//! The host: every tenant's mounts, loaded, attached and stopped together.
+//! The host: every tenant's mounts, loaded, attached, reloaded and stopped.
+//!
+//! [`Host::load`] compiles every module before anything connects;
+//! [`Host::start`] connects and hands the mounts to a control task, which
+//! from then on owns them: it reloads changed module files and config, and
+//! drains mounts on shutdown.
 
+mod budget;
+mod control;
 mod delayed;
 mod mount;
+mod watch;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::broadcast;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::broker::{BrokerConnection, BrokerError};
+use crate::admin::{AdminServer, Health, Metrics};
+use crate::broker::BrokerError;
 use crate::config::Config;
-use crate::events::{EVENT_CAPACITY, Event};
-use crate::sandbox::{LoadError, LogTags, Module, Sandbox};
-use mount::AttachedMount;
+use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
+use crate::sandbox::{LoadError, Module, Sandbox};
+use control::{Command, Control};
 
 /// Why the host could not start or stopped on its own.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +37,14 @@ pub enum HostError {
     /// The broker refused a mount's link, or the link failed.
     #[error("{0}")]
     Broker(MountError<BrokerError>),
+    /// The admin listener could not be started.
+    #[error("admin listener on {address}: {reason}")]
+    Admin {
+        /// The configured address.
+        address: std::net::SocketAddr,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// An error that belongs to one mount.
@@ -57,9 +71,9 @@ fn join_lines<E: std::fmt::Display>(errors: &[E]) -> String {
 pub struct Host {
     config: Config,
     modules: Vec<Module>,
+    sandbox: Sandbox,
     events: broadcast::Sender<Event>,
-    // Owns the engine's epoch ticker; modules keep the engine itself alive.
-    _sandbox: Sandbox,
+    metrics: Arc<Metrics>,
 }
 
 impl Host {
@@ -67,27 +81,14 @@ impl Host {
     /// the whole configuration, each error naming tenant, mount and file.
     pub fn load(config: Config) -> Result<Host, HostError> {
         let sandbox = Sandbox::new().map_err(|e| HostError::Engine(format!("{e:#}")))?;
-        let mut modules = Vec::new();
-        let mut errors = Vec::new();
-        for (tenant, mount) in config.mounts() {
-            match sandbox.load(&mount.module) {
-                Ok(module) => modules.push(module),
-                Err(source) => errors.push(MountError {
-                    tenant: tenant.name.clone(),
-                    mount: mount.name.clone(),
-                    source,
-                }),
-            }
-        }
-        if !errors.is_empty() {
-            return Err(HostError::Modules(errors));
-        }
+        let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         Ok(Host {
             config,
             modules,
+            sandbox,
             events,
-            _sandbox: sandbox,
+            metrics: Metrics::new(),
         })
     }
 
@@ -97,81 +98,82 @@ impl Host {
         self.events.subscribe()
     }
 
-    /// Connects to the broker and attaches every mount.
+    /// The host's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Connects to the broker(s), attaches every mount and starts watching
+    /// module files and the config file for changes.
     pub async fn start(self) -> Result<RunningHost, HostError> {
-        let Host {
-            config,
-            modules,
-            events,
-            _sandbox: sandbox,
-        } = self;
-        let mut connection =
-            BrokerConnection::open(&config.broker.url, &config.broker.container_id)
-                .await
-                .map_err(HostError::Connect)?;
-        tracing::info!(broker = connection.url(), "connected");
-        let stop = CancellationToken::new();
-        let mut mounts = JoinSet::new();
-        let grace = config.host.shutdown_grace;
-        for ((tenant, mount), module) in config.mounts().zip(modules) {
-            let tags = Arc::new(LogTags {
-                tenant: tenant.name.as_str().into(),
-                mount: mount.name.as_str().into(),
-            });
-            match AttachedMount::attach(&mut connection, tags, mount, module, &events).await {
-                Ok(attached) => {
-                    mounts.spawn(run_mount(attached, stop.clone(), grace, events.clone()));
-                }
-                Err(source) => {
-                    stop.cancel();
-                    while mounts.join_next().await.is_some() {}
-                    connection.close().await;
-                    return Err(HostError::Broker(MountError {
-                        tenant: tenant.name.clone(),
-                        mount: mount.name.clone(),
-                        source,
-                    }));
-                }
-            }
-        }
+        let health = Arc::new(Health::default());
+        let admin = match self.config.admin.clone() {
+            Some(admin) => Some(
+                AdminServer::start(admin.listen, self.metrics.clone(), health.clone())
+                    .await
+                    .map_err(|e| HostError::Admin {
+                        address: admin.listen,
+                        reason: e.to_string(),
+                    })?,
+            ),
+            None => None,
+        };
+        let events = self.events.clone();
+        let metrics = self.metrics.clone();
+        let (control, failures) = Control::start(
+            self.config,
+            self.modules,
+            self.sandbox,
+            self.events,
+            self.metrics,
+            health,
+        )
+        .await?;
+        let (commands, inbox) = mpsc::unbounded_channel();
+        let task = tokio::spawn(control.run(inbox));
         Ok(RunningHost {
-            connection: Some(connection),
-            mounts,
-            stop,
+            commands,
+            failures,
+            task,
             events,
-            _sandbox: sandbox,
+            metrics,
+            admin,
         })
     }
 }
 
-/// Runs an attached mount to its end and reports how it ended.
-async fn run_mount(
-    attached: AttachedMount,
-    stop: CancellationToken,
-    grace: Duration,
-    events: broadcast::Sender<Event>,
-) -> Result<(), MountError<BrokerError>> {
-    let tags = attached.tags().clone();
-    let result = attached.run(stop, grace).await;
-    let _ = events.send(Event::MountStopped {
-        tenant: tags.tenant.clone(),
-        mount: tags.mount.clone(),
-        error: result.as_ref().err().map(ToString::to_string),
-    });
-    result.map_err(|source| MountError {
-        tenant: tags.tenant.to_string(),
-        mount: tags.mount.to_string(),
-        source,
-    })
+/// Compiles every mount's module, or says which ones cannot be used.
+fn load_modules(
+    sandbox: &Sandbox,
+    config: &Config,
+) -> Result<Vec<Module>, Vec<MountError<LoadError>>> {
+    let mut modules = Vec::new();
+    let mut errors = Vec::new();
+    for (tenant, mount) in config.mounts() {
+        match sandbox.load(&mount.module) {
+            Ok(module) => modules.push(module),
+            Err(source) => errors.push(MountError {
+                tenant: tenant.name.clone(),
+                mount: mount.name.clone(),
+                source,
+            }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(modules)
+    } else {
+        Err(errors)
+    }
 }
 
 /// A host taking deliveries.
 pub struct RunningHost {
-    connection: Option<BrokerConnection>,
-    mounts: JoinSet<Result<(), MountError<BrokerError>>>,
-    stop: CancellationToken,
+    commands: mpsc::UnboundedSender<Command>,
+    failures: mpsc::UnboundedReceiver<HostError>,
+    task: tokio::task::JoinHandle<()>,
     events: broadcast::Sender<Event>,
-    _sandbox: Sandbox,
+    metrics: Arc<Metrics>,
+    admin: Option<AdminServer>,
 }
 
 impl RunningHost {
@@ -180,33 +182,49 @@ impl RunningHost {
         self.events.subscribe()
     }
 
+    /// The host's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Where the admin listener listens, if the config asks for one.
+    pub fn admin_address(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(AdminServer::address)
+    }
+
     /// Resolves when a mount stops on its own (its link failed). The host
-    /// should then be shut down.
+    /// is then already draining; call [`RunningHost::shutdown`] to wait for it.
     pub async fn failed(&mut self) -> HostError {
-        loop {
-            match self.mounts.join_next().await {
-                Some(Ok(Err(e))) => return HostError::Broker(e),
-                Some(_) => continue,
-                None => std::future::pending::<()>().await,
-            }
+        match self.failures.recv().await {
+            Some(error) => error,
+            None => std::future::pending().await,
         }
+    }
+
+    /// Reads the config file again and applies it: new mounts attach,
+    /// removed ones drain, changed ones are replaced, the rest are not
+    /// touched. A config that does not load changes nothing.
+    pub async fn reload(&self) -> ConfigChange {
+        let (done, answer) = oneshot::channel();
+        if self.commands.send(Command::Reload(done)).is_err() {
+            return stopped();
+        }
+        answer.await.unwrap_or_else(|_| stopped())
     }
 
     /// Stops taking deliveries, lets in-flight handlers finish within the
     /// grace period and settles them, publishes pending delayed copies early,
-    /// then detaches every link and closes the connection.
+    /// then detaches every link and closes the connections.
     pub async fn shutdown(mut self) -> Result<(), HostError> {
-        self.stop.cancel();
-        let mut first_error = None;
-        while let Some(joined) = self.mounts.join_next().await {
-            if let Ok(Err(e)) = joined {
-                tracing::error!("{e}");
-                first_error.get_or_insert(HostError::Broker(e));
-            }
-        }
-        if let Some(connection) = self.connection.take() {
-            connection.close().await;
-        }
-        first_error.map_or(Ok(()), Err)
+        let _ = self.commands.send(Command::Shutdown);
+        let _ = (&mut self.task).await;
+        self.failures.try_recv().map_or(Ok(()), Err)
+    }
+}
+
+fn stopped() -> ConfigChange {
+    ConfigChange {
+        error: Some("the host has stopped".to_owned()),
+        ..ConfigChange::default()
     }
 }

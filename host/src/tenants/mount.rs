@@ -1,9 +1,11 @@
 //! One mount at work: take deliveries off its link, run the handler on each,
 //! carry out the settlement plan, and stop without losing anything.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use fe2o3_amqp::link::delivery::DeliveryInfo;
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -11,29 +13,95 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::budget::{Admission, TenantLimits};
 use super::delayed::DelayedCopies;
+use crate::admin::MountMetrics;
 use crate::broker::message::{self, AmqpMessage, DeliveryContext};
 use crate::broker::{
     BrokerConnection, BrokerError, Inbound, Publisher, PublisherTask, Subscription,
 };
 use crate::config::{Mount, Node, Settle};
 use crate::events::{Event, Handled};
-use crate::sandbox::{self, CallLimits, LogTags, Module};
+use crate::sandbox::{self, CallLimits, Instances, LogTags, Module, Reserved};
 use crate::settlement::{self, Disposition, Outcome, Plan, Policy, Publish};
+
+/// How often kept instances are checked for being idle too long.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
+/// The module a mount runs, swapped whole when its file changes: deliveries
+/// already running finish on the instances they started with.
+pub(crate) struct ModuleSlot {
+    current: RwLock<Arc<Instances>>,
+}
+
+impl ModuleSlot {
+    pub(crate) fn new(instances: Arc<Instances>) -> ModuleSlot {
+        ModuleSlot {
+            current: RwLock::new(instances),
+        }
+    }
+
+    /// The instances new deliveries use.
+    pub(crate) fn current(&self) -> Arc<Instances> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Makes `instances` the ones new deliveries use.
+    pub(crate) fn replace(&self, instances: Arc<Instances>) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = instances;
+    }
+}
+
+/// What a mount runs its module with; a reloaded module gets the same.
+pub(crate) fn instances_for(
+    mount: &Mount,
+    module: Module,
+    tags: &Arc<LogTags>,
+    tenant: &TenantLimits,
+) -> Arc<Instances> {
+    let limits = CallLimits {
+        timeout: mount.timeout,
+        memory: mount.memory,
+    };
+    Arc::new(Instances::new(
+        module,
+        limits,
+        mount.instance,
+        mount.grants.clone(),
+        tags.clone(),
+        tenant.memory(),
+    ))
+}
 
 /// Everything a mount's handler tasks share.
 struct MountContext {
     tags: Arc<LogTags>,
     config: Mount,
-    module: Module,
+    module: Arc<ModuleSlot>,
+    tenant: Arc<TenantLimits>,
     policy: Policy,
     publisher: Publisher,
     delayed: DelayedCopies,
     events: broadcast::Sender<Event>,
+    metrics: MountMetrics,
     /// Whether an at-most-once outcome that cannot act has been logged at
     /// warn level yet; later ones go to debug.
     unsupported_warned: AtomicBool,
 }
+
+/// Room for one delivery and an instance to run it in.
+struct Ready {
+    admission: Admission,
+    instance: Reserved,
+}
+
+type Admitting = Pin<Box<dyn Future<Output = Ready> + Send>>;
 
 /// A mount whose links are attached, ready to run.
 pub(crate) struct AttachedMount {
@@ -49,8 +117,10 @@ impl AttachedMount {
         connection: &mut BrokerConnection,
         tags: Arc<LogTags>,
         mount: &Mount,
-        module: Module,
+        module: Arc<ModuleSlot>,
+        tenant: Arc<TenantLimits>,
         events: &broadcast::Sender<Event>,
+        metrics: MountMetrics,
     ) -> Result<AttachedMount, BrokerError> {
         let link_name = format!("wharf/{}/{}", tags.tenant, tags.mount);
         let capability = mount.node.map(Node::capability);
@@ -94,6 +164,7 @@ impl AttachedMount {
             mount.address.clone(),
             tags.clone(),
             events.clone(),
+            metrics.clone(),
         );
         let _ = events.send(Event::MountReady {
             tenant: tags.tenant.clone(),
@@ -104,10 +175,12 @@ impl AttachedMount {
             tags,
             config: mount.clone(),
             module,
+            tenant,
             policy,
             publisher,
             delayed,
             events: events.clone(),
+            metrics,
             unsupported_warned: AtomicBool::new(false),
         };
         Ok(AttachedMount {
@@ -139,7 +212,16 @@ impl AttachedMount {
         let settler = Settler(requests);
         let mut handlers = JoinSet::new();
         let concurrency = context.config.concurrency as usize;
+        let mut prune = tokio::time::interval(PRUNE_EVERY);
+        // A delivery is taken off the link only once there is room for it
+        // (the mount's concurrency, the tenant's budgets, an instance): until
+        // then the link's credit is not renewed and the broker holds back.
+        let mut admitting: Option<Admitting> = None;
+        let mut ready: Option<Ready> = None;
         let failure = loop {
+            if ready.is_none() && admitting.is_none() && handlers.len() < concurrency {
+                admitting = Some(Box::pin(make_room(context.clone())));
+            }
             tokio::select! {
                 biased;
                 Some(request) = inbox.recv() => answer(&subscription, request).await,
@@ -147,16 +229,23 @@ impl AttachedMount {
                     report_panic(joined, &context.tags);
                 }
                 () = stop.cancelled() => break None,
-                inbound = subscription.recv(), if handlers.len() < concurrency => match inbound {
+                _ = prune.tick() => context.module.current().prune_idle(),
+                room = wait(&mut admitting) => {
+                    admitting = None;
+                    ready = Some(room);
+                }
+                inbound = subscription.recv(), if ready.is_some() => match inbound {
                     Ok(inbound) => {
+                        let room = ready.take().expect("guarded by the branch condition");
                         let context = context.clone();
                         let settler = settler.clone();
-                        handlers.spawn(handle(context, settler, inbound));
+                        handlers.spawn(handle(context, settler, inbound, room));
                     }
                     Err(e) => break Some(e),
                 },
             }
         };
+        drop((admitting, ready));
         drain(
             &subscription,
             &mut inbox,
@@ -178,6 +267,23 @@ impl AttachedMount {
         context.delayed.flush().await;
         publisher_task.close().await;
         failure.map_or(Ok(()), Err)
+    }
+}
+
+async fn make_room(context: Arc<MountContext>) -> Ready {
+    let admission = context.tenant.admit().await;
+    let instance = context.module.current().reserve().await;
+    Ready {
+        admission,
+        instance,
+    }
+}
+
+/// Resolves with the admission in progress; never when there is none.
+async fn wait(admitting: &mut Option<Admitting>) -> Ready {
+    match admitting {
+        Some(admitting) => admitting.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -260,7 +366,19 @@ fn report_panic(joined: Result<(), tokio::task::JoinError>, tags: &LogTags) {
 }
 
 /// Runs the handler on one delivery and carries out the plan for its outcome.
-async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) {
+async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound, room: Ready) {
+    let Ready {
+        admission,
+        mut instance,
+    } = room;
+    // The module may have been replaced while this delivery was awaited:
+    // new deliveries run the new one.
+    let current = context.module.current();
+    if !Arc::ptr_eq(instance.instances(), &current) {
+        drop(instance);
+        instance = current.reserve().await;
+    }
+    let module_version = instance.instances().module().version().clone();
     let Inbound { info, message } = inbound;
     let counters = message::counters(&message);
     let attempt = counters.attempt();
@@ -282,12 +400,16 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) 
             message_id: message_id.clone(),
             attempt,
         });
-        let (outcome, failure) = run_handler(&context, &message, attempt).await;
+        let started = Instant::now();
+        let (outcome, failure) = run_handler(&context, instance, &message, attempt).await;
+        let took = started.elapsed();
         let plan = settlement::plan(&context.policy, &counters, outcome);
         if plan.unsupported {
             log_unsupported(&context, outcome);
         }
-        let (disposition, error) = carry_out(&context, &settler, info, &message, &plan).await;
+        let (disposition, error) =
+            carry_out(&context, &settler, info, &message, &plan, admission).await;
+        context.metrics.handled(outcome, disposition, took);
         match &error {
             Some(error) => tracing::error!(?outcome, ?disposition, error, "settlement incomplete"),
             None => tracing::debug!(?outcome, ?disposition, publish = ?plan.publish, "handled"),
@@ -298,6 +420,7 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) 
             message_id,
             attempt,
             counters,
+            module_version,
             outcome,
             failure,
             plan,
@@ -311,6 +434,7 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) 
 
 async fn run_handler(
     context: &MountContext,
+    instance: Reserved,
     message: &AmqpMessage,
     attempt: u32,
 ) -> (Outcome, Option<String>) {
@@ -324,22 +448,17 @@ async fn run_handler(
             presettled: context.config.settle == Settle::AtMostOnce,
         },
     );
-    let limits = CallLimits {
-        timeout: context.config.timeout,
-        memory: context.config.memory,
-    };
-    match context
-        .module
-        .call(&delivery, limits, context.tags.clone())
-        .await
-    {
+    let module = instance.instances().module().clone();
+    match instance.call(&delivery).await {
         Ok(outcome) => (outcome_of(outcome, context.config.max_retry_delay), None),
         Err(failure) => {
             tracing::warn!(
                 kind = failure.kind(),
-                module = %context.module.path().display(),
+                module = %module.path().display(),
+                version = &**module.version(),
                 "handler failed, treating it as retry: {failure}"
             );
+            context.metrics.failed(failure.kind());
             (Outcome::Retry, Some(failure.to_string()))
         }
     }
@@ -372,6 +491,7 @@ async fn carry_out(
     info: DeliveryInfo,
     message: &AmqpMessage,
     plan: &Plan,
+    admission: Admission,
 ) -> (Option<Disposition>, Option<String>) {
     if let Some(disposition) = plan.settle_now
         && let Err(e) = settler.settle(info.clone(), disposition).await
@@ -382,9 +502,12 @@ async fn carry_out(
     let (publish, address) = match plan.publish {
         None => return (sent, None),
         Some(Publish::Copy { retry_count, delay }) if plan.settle_after_publish.is_none() => {
-            context
-                .delayed
-                .schedule(message::copy(message, retry_count), retry_count, delay);
+            context.delayed.schedule(
+                message::copy(message, retry_count),
+                retry_count,
+                delay,
+                admission.copy_slot,
+            );
             return (sent, None);
         }
         Some(Publish::Copy { retry_count, .. }) => (
@@ -401,6 +524,11 @@ async fn carry_out(
         ),
     };
     let published = context.publisher.publish(address, publish).await;
+    match (&published, plan.publish) {
+        (Ok(()), Some(Publish::DeadLetter)) => context.metrics.dead_lettered(),
+        (_, Some(Publish::Copy { .. })) => context.metrics.copy_published(published.is_ok()),
+        _ => {}
+    }
     let (then, publish_error) = match published {
         Ok(()) => (plan.settle_after_publish, None),
         Err(e) => (plan.on_publish_failure, Some(e.to_string())),

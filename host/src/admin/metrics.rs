@@ -1,0 +1,225 @@
+//! The host's Prometheus metrics, every series labelled with tenant and
+//! mount.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::sandbox::LogTags;
+use crate::settlement::{Disposition, Outcome};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MountLabels {
+    tenant: String,
+    mount: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    tenant: String,
+    mount: String,
+    outcome: &'static str,
+    disposition: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    tenant: String,
+    mount: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    tenant: String,
+    mount: String,
+    result: &'static str,
+}
+
+/// Every metric of the host.
+pub struct Metrics {
+    registry: Registry,
+    deliveries: Family<DeliveryLabels, Counter>,
+    failures: Family<KindLabels, Counter>,
+    duration: Family<MountLabels, Histogram>,
+    copies_pending: Family<MountLabels, Gauge>,
+    copies_published: Family<ResultLabels, Counter>,
+    dead_letters: Family<MountLabels, Counter>,
+    module_reloads: Family<ResultLabels, Counter>,
+    mounts_running: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric, all at zero.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("wharf");
+        let deliveries = Family::default();
+        registry.register(
+            "deliveries",
+            "Deliveries handled, by the outcome the plan was made from and the disposition sent (none: at-most-once or not settled)",
+            deliveries.clone(),
+        );
+        let failures = Family::default();
+        registry.register(
+            "handler_failures",
+            "Handler calls that produced no outcome (each settled as retry), by kind",
+            failures.clone(),
+        );
+        let duration = Family::<MountLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 4.0, 10))
+        });
+        registry.register(
+            "handler_duration_seconds",
+            "Time from the start of a handler call to its outcome, instantiation included",
+            duration.clone(),
+        );
+        let copies_pending = Family::default();
+        registry.register(
+            "copies_pending",
+            "Delayed copies waiting for their time",
+            copies_pending.clone(),
+        );
+        let copies_published = Family::default();
+        registry.register(
+            "copies_published",
+            "Copies the host published to a subscription address, by result",
+            copies_published.clone(),
+        );
+        let dead_letters = Family::default();
+        registry.register(
+            "dead_letters",
+            "Deliveries published to a mount's dead-letter address",
+            dead_letters.clone(),
+        );
+        let module_reloads = Family::default();
+        registry.register(
+            "module_reloads",
+            "Module files reloaded after a change, by result (error: the old module keeps serving)",
+            module_reloads.clone(),
+        );
+        let mounts_running = Gauge::default();
+        registry.register(
+            "mounts_running",
+            "Mounts attached and taking deliveries",
+            mounts_running.clone(),
+        );
+        Arc::new(Metrics {
+            registry,
+            deliveries,
+            failures,
+            duration,
+            copies_pending,
+            copies_published,
+            dead_letters,
+            module_reloads,
+            mounts_running,
+        })
+    }
+
+    /// The metrics of one mount.
+    pub fn mount(self: &Arc<Self>, tags: &LogTags) -> MountMetrics {
+        MountMetrics {
+            metrics: self.clone(),
+            labels: MountLabels {
+                tenant: tags.tenant.to_string(),
+                mount: tags.mount.to_string(),
+            },
+        }
+    }
+
+    /// Counts mounts starting (`+1`) and stopping (`-1`).
+    pub fn mounts_running(&self, change: i64) {
+        self.mounts_running.inc_by(change);
+    }
+
+    /// Everything in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// The metrics of one mount, labels filled in.
+#[derive(Clone)]
+pub struct MountMetrics {
+    metrics: Arc<Metrics>,
+    labels: MountLabels,
+}
+
+impl MountMetrics {
+    /// One delivery handled.
+    pub fn handled(&self, outcome: Outcome, disposition: Option<Disposition>, took: Duration) {
+        let labels = DeliveryLabels {
+            tenant: self.labels.tenant.clone(),
+            mount: self.labels.mount.clone(),
+            outcome: match outcome {
+                Outcome::Ack => "ack",
+                Outcome::Retry => "retry",
+                Outcome::RetryAfter(_) => "retry-after",
+                Outcome::Drop => "drop",
+            },
+            disposition: match disposition {
+                None => "none",
+                Some(Disposition::Accepted) => "accepted",
+                Some(Disposition::Modified) => "modified",
+                Some(Disposition::Rejected) => "rejected",
+                Some(Disposition::Released) => "released",
+            },
+        };
+        self.metrics.deliveries.get_or_create(&labels).inc();
+        self.metrics
+            .duration
+            .get_or_create(&self.labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// A handler call that failed, by [`crate::sandbox::Failure::kind`].
+    pub fn failed(&self, kind: &'static str) {
+        let labels = KindLabels {
+            tenant: self.labels.tenant.clone(),
+            mount: self.labels.mount.clone(),
+            kind,
+        };
+        self.metrics.failures.get_or_create(&labels).inc();
+    }
+
+    /// A delivery published to the dead-letter address.
+    pub fn dead_lettered(&self) {
+        self.metrics.dead_letters.get_or_create(&self.labels).inc();
+    }
+
+    /// Delayed copies scheduled (`+1`) or published (`-1`).
+    pub fn copies_pending(&self, change: i64) {
+        self.metrics
+            .copies_pending
+            .get_or_create(&self.labels)
+            .inc_by(change);
+    }
+
+    /// A copy published, or not.
+    pub fn copy_published(&self, ok: bool) {
+        self.result(&self.metrics.copies_published, ok);
+    }
+
+    /// A module reload, compiled and swapped in or refused.
+    pub fn module_reloaded(&self, ok: bool) {
+        self.result(&self.metrics.module_reloads, ok);
+    }
+
+    fn result(&self, family: &Family<ResultLabels, Counter>, ok: bool) {
+        let labels = ResultLabels {
+            tenant: self.labels.tenant.clone(),
+            mount: self.labels.mount.clone(),
+            result: if ok { "ok" } else { "error" },
+        };
+        family.get_or_create(&labels).inc();
+    }
+}

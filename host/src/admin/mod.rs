@@ -1,0 +1,8 @@
+//! Watching a running host from outside: Prometheus metrics and a health
+//! check on an optional HTTP listener (`[admin] listen = "127.0.0.1:9090"`).
+
+mod http;
+mod metrics;
+
+pub use http::{AdminServer, Health};
+pub use metrics::{Metrics, MountMetrics};

@@ -1,0 +1,265 @@
+//! Running deliveries: a fresh instance per delivery, or instances kept for
+//! reuse by one mount's module.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmtime::{Store, UpdateDeadline};
+
+use super::bindings::Handler;
+use super::grants::Grants;
+use super::module::{Failure, LogTags, Module};
+use super::store::{InstanceSetup, StoreState};
+use super::{Delivery, Outcome};
+
+/// The budget of one handler call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// Wall-clock time for instantiation and the call together.
+    pub timeout: Duration,
+    /// Linear memory of the instance, in bytes.
+    pub memory: u64,
+}
+
+/// Whether an instance serves one delivery or several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InstancePolicy {
+    /// A fresh instance per delivery: nothing a handler leaves in memory
+    /// reaches the next delivery.
+    #[default]
+    PerDelivery,
+    /// Keep an instance after a successful call and give it later deliveries
+    /// of the same mount. Saves instantiation (large for JS and Python) at
+    /// the cost of isolation between those deliveries.
+    Reuse {
+        /// Deliveries one instance serves before it is replaced.
+        max_uses: u32,
+        /// How long an unused instance is kept.
+        max_idle: Duration,
+    },
+}
+
+/// Memory shared by several mounts' instances (a tenant's `max_memory`).
+/// Every instance, running or kept for reuse, holds its mount's `memory`
+/// from it; a mount waits for room before it takes a delivery.
+#[derive(Clone)]
+pub struct MemoryBudget {
+    pages: Arc<Semaphore>,
+}
+
+/// The unit memory is counted in: one wasm page.
+const PAGE: u64 = 64 * 1024;
+
+impl MemoryBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: u64) -> MemoryBudget {
+        let pages = usize::try_from(bytes / PAGE).unwrap_or(usize::MAX);
+        MemoryBudget {
+            pages: Arc::new(Semaphore::new(pages.min(Semaphore::MAX_PERMITS))),
+        }
+    }
+
+    /// Bytes not held by any instance.
+    pub fn available(&self) -> u64 {
+        self.pages.available_permits() as u64 * PAGE
+    }
+
+    async fn reserve(&self, bytes: u64) -> OwnedSemaphorePermit {
+        let pages = u32::try_from(bytes.div_ceil(PAGE)).unwrap_or(u32::MAX);
+        self.pages
+            .clone()
+            .acquire_many_owned(pages)
+            .await
+            .expect("the budget's semaphore is never closed")
+    }
+}
+
+/// How one mount runs its module: limits, grants, reuse, and the instances
+/// kept for reuse. A new module version gets a new `Instances`.
+pub struct Instances {
+    module: Module,
+    limits: CallLimits,
+    policy: InstancePolicy,
+    setup: Arc<InstanceSetup>,
+    budget: Option<MemoryBudget>,
+    idle: Mutex<Vec<Instance>>,
+}
+
+/// An instance ready for one delivery of the mount whose [`Instances`] it
+/// came from.
+pub struct Reserved {
+    instances: Arc<Instances>,
+    instance: Instance,
+}
+
+impl Reserved {
+    /// The instances this one belongs to.
+    pub fn instances(&self) -> &Arc<Instances> {
+        &self.instances
+    }
+
+    /// Runs one delivery and reports the handler's outcome or why it failed.
+    /// Instantiation counts against the call's timeout.
+    pub async fn call(self, delivery: &Delivery) -> Result<Outcome, Failure> {
+        self.instances.call(self.instance, delivery).await
+    }
+}
+
+/// A kept instance, or a fresh store with its memory reserved.
+struct Instance {
+    store: Store<StoreState>,
+    /// `None` until instantiated: a fresh store is instantiated inside the
+    /// call, under the call's deadline.
+    handler: Option<Handler>,
+    uses: u32,
+    idle_since: Instant,
+    _memory: Option<OwnedSemaphorePermit>,
+}
+
+impl Instances {
+    /// Runs `module` for a mount under `limits` and `grants`.
+    pub fn new(
+        module: Module,
+        limits: CallLimits,
+        policy: InstancePolicy,
+        grants: Grants,
+        tags: Arc<LogTags>,
+        budget: Option<MemoryBudget>,
+    ) -> Instances {
+        Instances {
+            module,
+            limits,
+            policy,
+            setup: Arc::new(InstanceSetup::new(tags, grants)),
+            budget,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The module these instances run.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// An instance for the next delivery: a kept one, or a fresh one once
+    /// the memory budget has room for it.
+    pub async fn reserve(self: &Arc<Self>) -> Reserved {
+        let instance = match self.take_idle() {
+            Some(instance) => instance,
+            None => {
+                let memory = match &self.budget {
+                    Some(budget) => Some(budget.reserve(self.limits.memory).await),
+                    None => None,
+                };
+                self.fresh(memory)
+            }
+        };
+        Reserved {
+            instances: self.clone(),
+            instance,
+        }
+    }
+
+    async fn call(&self, mut instance: Instance, delivery: &Delivery) -> Result<Outcome, Failure> {
+        let timeout = self.limits.timeout;
+        let store = &mut instance.store;
+        store.data_mut().begin_call(Instant::now() + timeout);
+        store.set_epoch_deadline(1);
+        // The epoch check only fires while wasm runs; a guest parked in a
+        // host call (a WASI sleep) is caught by this outer timer.
+        let run = self.run(&mut instance, delivery);
+        let result = tokio::time::timeout(timeout, run)
+            .await
+            .unwrap_or(Err(Failure::Timeout(timeout)));
+        instance.store.data_mut().end_call();
+        let result = match result {
+            Err(Failure::Trap(_) | Failure::Instantiate(_))
+                if instance.store.data().memory.refused =>
+            {
+                Err(Failure::OutOfMemory(self.limits.memory))
+            }
+            other => other,
+        };
+        // An instance that failed may be in any state: never reuse it.
+        if result.is_ok() {
+            instance.uses += 1;
+            self.keep(instance);
+        }
+        result
+    }
+
+    async fn run(&self, instance: &mut Instance, delivery: &Delivery) -> Result<Outcome, Failure> {
+        let timeout = self.limits.timeout;
+        let Instance { store, handler, .. } = instance;
+        let handler = match handler {
+            Some(handler) => handler,
+            None => handler.insert(
+                self.module
+                    .compiled
+                    .pre
+                    .instantiate_async(&mut *store)
+                    .await
+                    .map_err(|e| Failure::classify(&e, timeout, Failure::Instantiate))?,
+            ),
+        };
+        handler
+            .call_handle(&mut *store, delivery)
+            .await
+            .map_err(|e| Failure::classify(&e, timeout, Failure::Trap))
+    }
+
+    /// Drops instances unused for longer than the policy's `max_idle`.
+    pub fn prune_idle(&self) {
+        if let InstancePolicy::Reuse { max_idle, .. } = self.policy {
+            self.idle_list()
+                .retain(|instance| instance.idle_since.elapsed() < max_idle);
+        }
+    }
+
+    /// How many instances are kept for reuse.
+    pub fn idle(&self) -> usize {
+        self.idle_list().len()
+    }
+
+    fn take_idle(&self) -> Option<Instance> {
+        self.prune_idle();
+        self.idle_list().pop()
+    }
+
+    fn keep(&self, mut instance: Instance) {
+        if let InstancePolicy::Reuse { max_uses, .. } = self.policy
+            && instance.uses < max_uses
+        {
+            instance.idle_since = Instant::now();
+            self.idle_list().push(instance);
+        }
+    }
+
+    fn fresh(&self, memory: Option<OwnedSemaphorePermit>) -> Instance {
+        let compiled = &self.module.compiled;
+        let state = StoreState::new(self.setup.clone(), self.limits.memory);
+        let mut store = Store::new(&compiled.engine, state);
+        store.limiter(|state| &mut state.memory);
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        Instance {
+            store,
+            handler: None,
+            uses: 0,
+            idle_since: Instant::now(),
+            _memory: memory,
+        }
+    }
+
+    fn idle_list(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

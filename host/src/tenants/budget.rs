@@ -1,0 +1,96 @@
+//! A tenant's budgets at run time, shared by all its mounts. A mount waits
+//! for room before it takes a delivery off its link, so reaching a budget
+//! slows the tenant down (its prefetched credit is not renewed) and never
+//! fails or loses a delivery.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::TenantBudget;
+use crate::sandbox::MemoryBudget;
+
+/// The semaphores behind a tenant's budget; `None` where it sets no limit.
+pub(crate) struct TenantLimits {
+    running: Option<Arc<Semaphore>>,
+    pending_copies: Option<Arc<Semaphore>>,
+    memory: Option<MemoryBudget>,
+}
+
+/// Room for one delivery: a running slot and a pending-copy slot. The copy
+/// slot moves to the delayed copy if the outcome makes one.
+pub(crate) struct Admission {
+    _running: Option<OwnedSemaphorePermit>,
+    pub(crate) copy_slot: Option<OwnedSemaphorePermit>,
+}
+
+impl TenantLimits {
+    pub(crate) fn new(budget: TenantBudget) -> Arc<TenantLimits> {
+        let semaphore = |n: u32| Arc::new(Semaphore::new(n as usize));
+        Arc::new(TenantLimits {
+            running: budget.max_running.map(semaphore),
+            pending_copies: budget.max_pending_copies.map(semaphore),
+            memory: budget.max_memory.map(MemoryBudget::new),
+        })
+    }
+
+    /// The tenant's shared instance memory, if it sets `max_memory`.
+    pub(crate) fn memory(&self) -> Option<MemoryBudget> {
+        self.memory.clone()
+    }
+
+    /// Waits until the tenant may run one more delivery.
+    pub(crate) async fn admit(&self) -> Admission {
+        Admission {
+            _running: acquire(&self.running).await,
+            copy_slot: acquire(&self.pending_copies).await,
+        }
+    }
+}
+
+async fn acquire(semaphore: &Option<Arc<Semaphore>>) -> Option<OwnedSemaphorePermit> {
+    match semaphore {
+        Some(semaphore) => Some(
+            semaphore
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("budget semaphores are never closed"),
+        ),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_budget_waits_until_a_delivery_finishes() {
+        let limits = TenantLimits::new(TenantBudget {
+            max_running: Some(1),
+            ..TenantBudget::default()
+        });
+        let first = limits.admit().await;
+        let second = tokio::time::timeout(std::time::Duration::from_secs(60), limits.admit());
+        assert!(second.await.is_err(), "a second delivery got in");
+        drop(first);
+        tokio::time::timeout(std::time::Duration::from_secs(1), limits.admit())
+            .await
+            .expect("room once the first finished");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_slot_is_held_as_long_as_its_owner() {
+        let limits = TenantLimits::new(TenantBudget {
+            max_pending_copies: Some(1),
+            ..TenantBudget::default()
+        });
+        let slot = limits.admit().await.copy_slot;
+        assert!(slot.is_some());
+        let waiting = tokio::time::timeout(std::time::Duration::from_secs(60), limits.admit());
+        assert!(waiting.await.is_err());
+        drop(slot);
+        assert!(limits.admit().await.copy_slot.is_some());
+    }
+}
