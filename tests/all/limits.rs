@@ -64,7 +64,7 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
 
 /// `tests/guests/wat/handler.wat` with `body` as its core `handle`, written
 /// to a temporary file.
-fn wat_handler(body: &str) -> std::path::PathBuf {
+pub(crate) fn wat_handler(body: &str) -> std::path::PathBuf {
     let template = std::fs::read_to_string(repo_root().join("tests/guests/wat/handler.wat"))
         .expect("handler.wat");
     let path = std::env::temp_dir().join(format!("{}.wat", unique("wat-handler")));

@@ -11,6 +11,7 @@ mod client;
 mod limits;
 mod rabbitmq;
 mod shutdown;
+mod tenants;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -90,17 +91,18 @@ pub(crate) async fn wait_for_count(
 }
 
 /// One `[[tenant.mount]]` table, as TOML lines after `name`/`module`/`address`.
+#[derive(Clone)]
 pub(crate) struct MountToml {
-    pub(crate) name: &'static str,
+    pub(crate) name: String,
     pub(crate) module: PathBuf,
     pub(crate) address: String,
     pub(crate) extra: String,
 }
 
 impl MountToml {
-    pub(crate) fn new(name: &'static str, module: &str, address: &str) -> MountToml {
+    pub(crate) fn new(name: &str, module: &str, address: &str) -> MountToml {
         MountToml {
-            name,
+            name: name.to_owned(),
             module: guest(module),
             address: address.to_owned(),
             extra: String::new(),
@@ -114,20 +116,56 @@ impl MountToml {
     }
 }
 
+/// One `[[tenant]]` table: extra TOML lines after `name`, then its mounts.
+#[derive(Clone)]
+pub(crate) struct TenantToml {
+    pub(crate) name: String,
+    pub(crate) extra: String,
+    pub(crate) mounts: Vec<MountToml>,
+}
+
+impl TenantToml {
+    pub(crate) fn new(name: &str, mounts: Vec<MountToml>) -> TenantToml {
+        TenantToml {
+            name: name.to_owned(),
+            extra: String::new(),
+            mounts,
+        }
+    }
+
+    pub(crate) fn with(mut self, line: &str) -> TenantToml {
+        self.extra.push_str(line);
+        self.extra.push('\n');
+        self
+    }
+}
+
 /// The text of a config file with one tenant `t` holding `mounts`.
 pub(crate) fn config_text(url: &str, mounts: &[MountToml]) -> String {
+    tenants_text(url, "", &[TenantToml::new("t", mounts.to_vec())])
+}
+
+/// The text of a config file with `tenants`, and `host_extra` lines at the
+/// top level (after `[broker]` and `[host]`).
+pub(crate) fn tenants_text(url: &str, host_extra: &str, tenants: &[TenantToml]) -> String {
     let mut text = format!(
-        "[broker]\nurl = \"{url}\"\ncontainer_id = \"{}\"\n[host]\nshutdown_grace = \"20s\"\n[[tenant]]\nname = \"t\"\n",
+        "[broker]\nurl = \"{url}\"\ncontainer_id = \"{}\"\n[host]\nshutdown_grace = \"20s\"\n{host_extra}\n",
         unique("wharf-test")
     );
-    for m in mounts {
+    for tenant in tenants {
         text.push_str(&format!(
-            "[[tenant.mount]]\nname = \"{}\"\nmodule = \"{}\"\naddress = \"{}\"\n{}",
-            m.name,
-            m.module.display(),
-            m.address,
-            m.extra
+            "[[tenant]]\nname = \"{}\"\n{}",
+            tenant.name, tenant.extra
         ));
+        for m in &tenant.mounts {
+            text.push_str(&format!(
+                "[[tenant.mount]]\nname = \"{}\"\nmodule = \"{}\"\naddress = \"{}\"\n{}",
+                m.name,
+                m.module.display(),
+                m.address,
+                m.extra
+            ));
+        }
     }
     text
 }
@@ -143,9 +181,14 @@ pub(crate) struct TestHost {
 impl TestHost {
     /// Starts a host and waits until every mount is attached.
     pub(crate) async fn start(url: &str, mounts: &[MountToml]) -> anyhow::Result<TestHost> {
-        init_logging();
         let text = config_text(url, mounts);
-        let config = Config::parse(&text, &repo_root().join("test.toml"))?;
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await
+    }
+
+    /// Starts a host on `config` and waits until every mount is attached.
+    pub(crate) async fn start_config(config: Config) -> anyhow::Result<TestHost> {
+        init_logging();
+        let mounts = config.mounts().count();
         let host = Host::load(config)?;
         let events = host.subscribe();
         let mut host = TestHost {
@@ -154,7 +197,7 @@ impl TestHost {
             backlog: Vec::new(),
         };
         let mut ready = Vec::new();
-        for _ in mounts {
+        for _ in 0..mounts {
             ready.push(
                 host.next(|e| matches!(e, Event::MountReady { .. }).then(|| e.clone()))
                     .await?,
@@ -219,6 +262,11 @@ impl TestHost {
         }
         all.sort_by_key(|h| h.attempt);
         Ok(all)
+    }
+
+    /// The running host.
+    pub(crate) fn host(&self) -> &RunningHost {
+        self.host.as_ref().expect("running until stopped")
     }
 
     /// Shuts the host down gracefully.

@@ -52,6 +52,7 @@ pub struct Metrics {
     copies_published: Family<ResultLabels, Counter>,
     dead_letters: Family<MountLabels, Counter>,
     module_reloads: Family<ResultLabels, Counter>,
+    output_dropped: Family<MountLabels, Counter>,
     mounts_running: Gauge,
 }
 
@@ -103,6 +104,12 @@ impl Metrics {
             "Module files reloaded after a change, by result (error: the old module keeps serving)",
             module_reloads.clone(),
         );
+        let output_dropped = Family::default();
+        registry.register(
+            "handler_output_dropped_bytes",
+            "Bytes of handler stdout and stderr over the per-delivery allowance, dropped",
+            output_dropped.clone(),
+        );
         let mounts_running = Gauge::default();
         registry.register(
             "mounts_running",
@@ -118,6 +125,7 @@ impl Metrics {
             copies_published,
             dead_letters,
             module_reloads,
+            output_dropped,
             mounts_running,
         })
     }
@@ -189,6 +197,16 @@ impl MountMetrics {
             kind,
         };
         self.metrics.failures.get_or_create(&labels).inc();
+    }
+
+    /// Handler output dropped over the allowance.
+    pub fn output_dropped(&self, bytes: u64) {
+        if bytes > 0 {
+            self.metrics
+                .output_dropped
+                .get_or_create(&self.labels)
+                .inc_by(bytes);
+        }
     }
 
     /// A delivery published to the dead-letter address.

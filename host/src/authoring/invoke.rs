@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use crate::config::Mount;
 use crate::sandbox::{
-    CallLimits, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome, Property,
-    Sandbox, Value,
+    CallLimits, CpuLane, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome,
+    Property, Sandbox, Value,
 };
 
 /// What the made-up delivery carries.
@@ -64,6 +64,7 @@ pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<
         input.grants,
         tags,
         None,
+        CpuLane::new(),
     ));
-    Ok(instances.reserve().await.call(&delivery).await)
+    Ok(instances.reserve().await.call(&delivery).await.0)
 }

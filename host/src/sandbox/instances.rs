@@ -8,6 +8,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::{Store, UpdateDeadline};
 
 use super::bindings::Handler;
+use super::cpu::CpuLane;
 use super::grants::Grants;
 use super::module::{Failure, LogTags, Module};
 use super::store::{InstanceSetup, StoreState};
@@ -83,6 +84,7 @@ pub struct Instances {
     policy: InstancePolicy,
     setup: Arc<InstanceSetup>,
     budget: Option<MemoryBudget>,
+    lane: CpuLane,
     idle: Mutex<Vec<Instance>>,
 }
 
@@ -100,11 +102,18 @@ impl Reserved {
     }
 
     /// Runs one delivery and reports the handler's outcome or why it failed.
-    /// Instantiation counts against the call's timeout.
-    pub async fn call(self, delivery: &Delivery) -> Result<Outcome, Failure> {
+    /// Instantiation counts against the call's timeout. The returned
+    /// [`MemoryHeld`] keeps the instance's memory counted in its budget
+    /// until dropped, so a delivery holds it until it is settled.
+    pub async fn call(self, delivery: &Delivery) -> (Result<Outcome, Failure>, MemoryHeld) {
         self.instances.call(self.instance, delivery).await
     }
 }
+
+/// Memory of a finished instance still counted in its budget.
+pub struct MemoryHeld(
+    #[allow(dead_code, reason = "held for its drop")] Option<OwnedSemaphorePermit>,
+);
 
 /// A kept instance, or a fresh store with its memory reserved.
 struct Instance {
@@ -114,11 +123,12 @@ struct Instance {
     handler: Option<Handler>,
     uses: u32,
     idle_since: Instant,
-    _memory: Option<OwnedSemaphorePermit>,
+    memory: Option<OwnedSemaphorePermit>,
 }
 
 impl Instances {
-    /// Runs `module` for a mount under `limits` and `grants`.
+    /// Runs `module` for a mount under `limits` and `grants`, its instances'
+    /// memory counted in `budget` and their long runs sharing `lane`.
     pub fn new(
         module: Module,
         limits: CallLimits,
@@ -126,6 +136,7 @@ impl Instances {
         grants: Grants,
         tags: Arc<LogTags>,
         budget: Option<MemoryBudget>,
+        lane: CpuLane,
     ) -> Instances {
         Instances {
             module,
@@ -133,6 +144,7 @@ impl Instances {
             policy,
             setup: Arc::new(InstanceSetup::new(tags, grants)),
             budget,
+            lane,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -161,7 +173,11 @@ impl Instances {
         }
     }
 
-    async fn call(&self, mut instance: Instance, delivery: &Delivery) -> Result<Outcome, Failure> {
+    async fn call(
+        &self,
+        mut instance: Instance,
+        delivery: &Delivery,
+    ) -> (Result<Outcome, Failure>, MemoryHeld) {
         let timeout = self.limits.timeout;
         let store = &mut instance.store;
         store.data_mut().begin_call(Instant::now() + timeout);
@@ -182,11 +198,13 @@ impl Instances {
             other => other,
         };
         // An instance that failed may be in any state: never reuse it.
-        if result.is_ok() {
-            instance.uses += 1;
-            self.keep(instance);
-        }
-        result
+        instance.uses += 1;
+        let held = if result.is_ok() {
+            self.keep(instance)
+        } else {
+            instance.memory.take()
+        };
+        (result, MemoryHeld(held))
     }
 
     async fn run(&self, instance: &mut Instance, delivery: &Delivery) -> Result<Outcome, Failure> {
@@ -217,6 +235,12 @@ impl Instances {
         }
     }
 
+    /// Bytes of handler output dropped over the per-delivery allowance since
+    /// the last time this was asked.
+    pub fn take_output_dropped(&self) -> u64 {
+        self.setup.take_output_dropped()
+    }
+
     /// How many instances are kept for reuse.
     pub fn idle(&self) -> usize {
         self.idle_list().len()
@@ -227,33 +251,42 @@ impl Instances {
         self.idle_list().pop()
     }
 
-    fn keep(&self, mut instance: Instance) {
-        if let InstancePolicy::Reuse { max_uses, .. } = self.policy
-            && instance.uses < max_uses
-        {
-            instance.idle_since = Instant::now();
-            self.idle_list().push(instance);
+    /// Keeps `instance` for reuse if the policy allows; else gives back its
+    /// memory reservation.
+    fn keep(&self, mut instance: Instance) -> Option<OwnedSemaphorePermit> {
+        match self.policy {
+            InstancePolicy::Reuse { max_uses, .. } if instance.uses < max_uses => {
+                instance.idle_since = Instant::now();
+                self.idle_list().push(instance);
+                None
+            }
+            _ => instance.memory.take(),
         }
     }
 
     fn fresh(&self, memory: Option<OwnedSemaphorePermit>) -> Instance {
         let compiled = &self.module.compiled;
-        let state = StoreState::new(self.setup.clone(), self.limits.memory);
+        let state = StoreState::new(self.setup.clone(), self.limits.memory, self.lane.clone());
         let mut store = Store::new(&compiled.engine, state);
         store.limiter(|state| &mut state.memory);
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
+        // At every tick: stop a call past its deadline, let a short one
+        // yield to the runtime, and make a long one wait its turn.
+        store.epoch_deadline_callback(|mut ctx| {
+            let state = ctx.data_mut();
+            if Instant::now() >= state.deadline {
+                return Ok(UpdateDeadline::Interrupt);
             }
+            Ok(match state.cpu.tick() {
+                None => UpdateDeadline::Yield(1),
+                Some(turn) => UpdateDeadline::YieldCustom(1, turn),
+            })
         });
         Instance {
             store,
             handler: None,
             uses: 0,
             idle_since: Instant::now(),
-            _memory: memory,
+            memory,
         }
     }
 

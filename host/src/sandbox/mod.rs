@@ -7,6 +7,7 @@
 //! fresh or reused instances and reports either the handler's outcome or why
 //! it failed.
 
+mod cpu;
 mod engine;
 mod grants;
 mod instances;
@@ -14,9 +15,10 @@ mod module;
 mod output;
 mod store;
 
+pub use cpu::CpuLane;
 pub use engine::Sandbox;
 pub use grants::{Denied, Grants, Output};
-pub use instances::{CallLimits, InstancePolicy, Instances, MemoryBudget, Reserved};
+pub use instances::{CallLimits, InstancePolicy, Instances, MemoryBudget, MemoryHeld, Reserved};
 pub use module::{Failure, LoadError, LogTags, Module};
 
 /// Bindings generated from `wit/handler.wit`.

@@ -4,16 +4,20 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use super::grants::Output;
-use super::module::LogTags;
-use super::store::{MAX_LOG_LINE, truncate};
+use super::store::{InstanceSetup, MAX_LOG_LINE, truncate};
 
 /// Bytes of output kept per stream and delivery; the rest is counted and
 /// dropped, so a chatty or hostile guest cannot flood the log.
 const MAX_OUTPUT: usize = 64 * 1024;
+
+/// The most a guest may write in one call (WASI's `check-write`).
+const MAX_WRITE: usize = 64 * 1024;
 
 /// One guest output stream (`stdout` or `stderr`) of one instance.
 #[derive(Clone)]
@@ -22,12 +26,12 @@ pub(crate) struct LogOutput {
 }
 
 impl LogOutput {
-    pub(crate) fn new(tags: Arc<LogTags>, stream: &'static str, output: Output) -> LogOutput {
+    pub(crate) fn new(setup: Arc<InstanceSetup>, stream: &'static str) -> LogOutput {
         LogOutput {
             lines: Arc::new(Mutex::new(Lines {
-                tags,
+                discard: setup.grants.output == Output::Drop,
+                setup,
                 stream,
-                discard: output == Output::Drop,
                 pending: Vec::new(),
                 kept: 0,
                 dropped: 0,
@@ -49,7 +53,7 @@ impl LogOutput {
 }
 
 struct Lines {
-    tags: Arc<LogTags>,
+    setup: Arc<InstanceSetup>,
     stream: &'static str,
     /// The mount routes output nowhere.
     discard: bool,
@@ -80,10 +84,11 @@ impl Lines {
 
     fn emit(&self, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
+        let tags = &self.setup.tags;
         tracing::info!(
             target: "wharf::guest",
-            tenant = &*self.tags.tenant,
-            mount = &*self.tags.mount,
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
             stream = self.stream,
             "{}",
             truncate(&text, MAX_LOG_LINE)
@@ -98,9 +103,11 @@ impl Lines {
             self.emit(&line);
         }
         if self.dropped > 0 {
+            self.setup.output_dropped(self.dropped);
+            let tags = &self.setup.tags;
             tracing::warn!(
-                tenant = &*self.tags.tenant,
-                mount = &*self.tags.mount,
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
                 stream = self.stream,
                 dropped_bytes = self.dropped,
                 "handler output over {MAX_OUTPUT} bytes was dropped"
@@ -126,6 +133,33 @@ impl IsTerminal for LogOutput {
 impl StdoutStream for LogOutput {
     fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
         Box::new(self.clone())
+    }
+
+    /// Writes go straight into the buffer: the default adapter hands every
+    /// write to a background task and waits for it, which makes a chatty
+    /// handler crawl.
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for LogOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for LogOutput {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.lines().write(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(MAX_WRITE)
     }
 }
 

@@ -1,5 +1,5 @@
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use wasmtime::ResourceLimiter;
@@ -7,6 +7,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
+use super::cpu::{CpuLane, CpuUse};
 use super::grants::Grants;
 use super::module::LogTags;
 use super::output::LogOutput;
@@ -21,6 +22,8 @@ pub(crate) struct InstanceSetup {
     pub(crate) grants: Grants,
     /// Whether the empty environment has been noted in the log yet.
     empty_environment_noted: AtomicBool,
+    /// Output bytes over the per-delivery allowance, not yet reported.
+    output_dropped: AtomicU64,
 }
 
 impl InstanceSetup {
@@ -29,7 +32,18 @@ impl InstanceSetup {
             tags,
             grants,
             empty_environment_noted: AtomicBool::new(false),
+            output_dropped: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn output_dropped(&self, bytes: usize) {
+        self.output_dropped
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Output bytes dropped since the last time this was asked.
+    pub(crate) fn take_output_dropped(&self) -> u64 {
+        self.output_dropped.swap(0, Ordering::Relaxed)
     }
 }
 
@@ -40,14 +54,15 @@ pub(crate) struct StoreState {
     pub(crate) memory: MemoryLimit,
     pub(crate) deadline: Instant,
     pub(crate) setup: Arc<InstanceSetup>,
+    pub(crate) cpu: CpuUse,
     stdout: LogOutput,
     stderr: LogOutput,
 }
 
 impl StoreState {
-    pub(crate) fn new(setup: Arc<InstanceSetup>, memory_limit: u64) -> StoreState {
-        let stdout = LogOutput::new(setup.tags.clone(), "stdout", setup.grants.output);
-        let stderr = LogOutput::new(setup.tags.clone(), "stderr", setup.grants.output);
+    pub(crate) fn new(setup: Arc<InstanceSetup>, memory_limit: u64, lane: CpuLane) -> StoreState {
+        let stdout = LogOutput::new(setup.clone(), "stdout");
+        let stderr = LogOutput::new(setup.clone(), "stderr");
         // Deny by default: no preopened directories, no arguments, no
         // sockets; only the granted environment. Clocks and random are
         // checked against the grants when called (see `grants`).
@@ -65,6 +80,7 @@ impl StoreState {
             memory: MemoryLimit::new(memory_limit),
             deadline: Instant::now(),
             setup,
+            cpu: CpuUse::new(lane),
             stdout,
             stderr,
         }
@@ -74,11 +90,13 @@ impl StoreState {
     pub(crate) fn begin_call(&mut self, deadline: Instant) {
         self.deadline = deadline;
         self.memory.refused = false;
+        self.cpu.reset();
     }
 
     /// Flushes the delivery's output and reports what was dropped, so each
     /// delivery has its own output allowance.
     pub(crate) fn end_call(&mut self) {
+        self.cpu.reset();
         self.stdout.end_call();
         self.stderr.end_call();
     }

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::TenantBudget;
-use crate::sandbox::MemoryBudget;
+use crate::sandbox::{CpuLane, MemoryBudget};
 
 /// The semaphores behind a tenant's budget; `None` where it sets no limit.
 pub(crate) struct TenantLimits {
     running: Option<Arc<Semaphore>>,
     pending_copies: Option<Arc<Semaphore>>,
     memory: Option<MemoryBudget>,
+    lane: CpuLane,
 }
 
 /// Room for one delivery: a running slot and a pending-copy slot. The copy
@@ -31,12 +32,18 @@ impl TenantLimits {
             running: budget.max_running.map(semaphore),
             pending_copies: budget.max_pending_copies.map(semaphore),
             memory: budget.max_memory.map(MemoryBudget::new),
+            lane: CpuLane::new(),
         })
     }
 
     /// The tenant's shared instance memory, if it sets `max_memory`.
     pub(crate) fn memory(&self) -> Option<MemoryBudget> {
         self.memory.clone()
+    }
+
+    /// Where the tenant's long-running handlers take turns.
+    pub(crate) fn lane(&self) -> CpuLane {
+        self.lane.clone()
     }
 
     /// Waits until the tenant may run one more delivery.

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use fe2o3_amqp::link::delivery::DeliveryInfo;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -22,7 +22,7 @@ use crate::broker::{
 };
 use crate::config::{Mount, Node, Settle};
 use crate::events::{Event, Handled};
-use crate::sandbox::{self, CallLimits, Instances, LogTags, Module, Reserved};
+use crate::sandbox::{self, CallLimits, Instances, LogTags, MemoryHeld, Module, Reserved};
 use crate::settlement::{self, Disposition, Outcome, Plan, Policy, Publish};
 
 /// How often kept instances are checked for being idle too long.
@@ -76,6 +76,7 @@ pub(crate) fn instances_for(
         mount.grants.clone(),
         tags.clone(),
         tenant.memory(),
+        tenant.lane(),
     ))
 }
 
@@ -368,7 +369,7 @@ fn report_panic(joined: Result<(), tokio::task::JoinError>, tags: &LogTags) {
 /// Runs the handler on one delivery and carries out the plan for its outcome.
 async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound, room: Ready) {
     let Ready {
-        admission,
+        mut admission,
         mut instance,
     } = room;
     // The module may have been replaced while this delivery was awaited:
@@ -401,14 +402,16 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound, 
             attempt,
         });
         let started = Instant::now();
-        let (outcome, failure) = run_handler(&context, instance, &message, attempt).await;
+        // The tenant's budget stays held until the delivery is settled.
+        let (outcome, failure, _memory) = run_handler(&context, instance, &message, attempt).await;
         let took = started.elapsed();
         let plan = settlement::plan(&context.policy, &counters, outcome);
         if plan.unsupported {
             log_unsupported(&context, outcome);
         }
+        let copy_slot = admission.copy_slot.take();
         let (disposition, error) =
-            carry_out(&context, &settler, info, &message, &plan, admission).await;
+            carry_out(&context, &settler, info, &message, &plan, copy_slot).await;
         context.metrics.handled(outcome, disposition, took);
         match &error {
             Some(error) => tracing::error!(?outcome, ?disposition, error, "settlement incomplete"),
@@ -427,6 +430,7 @@ async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound, 
             disposition,
             error,
         }));
+        drop(admission);
     }
     .instrument(span)
     .await
@@ -437,7 +441,7 @@ async fn run_handler(
     instance: Reserved,
     message: &AmqpMessage,
     attempt: u32,
-) -> (Outcome, Option<String>) {
+) -> (Outcome, Option<String>, MemoryHeld) {
     let delivery = message::to_delivery(
         message,
         DeliveryContext {
@@ -448,9 +452,18 @@ async fn run_handler(
             presettled: context.config.settle == Settle::AtMostOnce,
         },
     );
-    let module = instance.instances().module().clone();
-    match instance.call(&delivery).await {
-        Ok(outcome) => (outcome_of(outcome, context.config.max_retry_delay), None),
+    let instances = instance.instances().clone();
+    let module = instances.module();
+    let (result, memory) = instance.call(&delivery).await;
+    context
+        .metrics
+        .output_dropped(instances.take_output_dropped());
+    match result {
+        Ok(outcome) => (
+            outcome_of(outcome, context.config.max_retry_delay),
+            None,
+            memory,
+        ),
         Err(failure) => {
             tracing::warn!(
                 kind = failure.kind(),
@@ -459,7 +472,7 @@ async fn run_handler(
                 "handler failed, treating it as retry: {failure}"
             );
             context.metrics.failed(failure.kind());
-            (Outcome::Retry, Some(failure.to_string()))
+            (Outcome::Retry, Some(failure.to_string()), memory)
         }
     }
 }
@@ -491,7 +504,7 @@ async fn carry_out(
     info: DeliveryInfo,
     message: &AmqpMessage,
     plan: &Plan,
-    admission: Admission,
+    copy_slot: Option<OwnedSemaphorePermit>,
 ) -> (Option<Disposition>, Option<String>) {
     if let Some(disposition) = plan.settle_now
         && let Err(e) = settler.settle(info.clone(), disposition).await
@@ -506,7 +519,7 @@ async fn carry_out(
                 message::copy(message, retry_count),
                 retry_count,
                 delay,
-                admission.copy_slot,
+                copy_slot,
             );
             return (sent, None);
         }

@@ -6,8 +6,12 @@
 //! `ack`, `retry`, `drop`, `after=MS` (retry after MS milliseconds), `trap`
 //! (panic), `spin` (loop forever), `hog` (allocate until refused), `print`
 //! (write to stdout, then ack), `busy=MS` (compute for MS milliseconds, then
-//! ack).
+//! ack; reads the clock), `flood=BYTES` (write that much to stdout, then
+//! ack), `env=NAME` (ack if the environment has NAME, else drop), `clock`
+//! and `random` (read the wall clock or random bytes, then ack), `fresh`
+//! (ack in a fresh instance, drop in one that served a delivery before).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use wharf_guest::{Delivery, Outcome, log};
@@ -29,7 +33,32 @@ fn handle(d: Delivery) -> Outcome {
             println!("hello from attempt {}", d.attempt);
             Outcome::Ack
         }
+        "clock" => {
+            std::hint::black_box(std::time::SystemTime::now());
+            Outcome::Ack
+        }
+        "random" => {
+            std::hint::black_box(std::collections::hash_map::RandomState::new());
+            Outcome::Ack
+        }
+        "fresh" => {
+            static SERVED: AtomicU32 = AtomicU32::new(0);
+            if SERVED.fetch_add(1, Ordering::Relaxed) == 0 {
+                Outcome::Ack
+            } else {
+                Outcome::Drop
+            }
+        }
         other => {
+            if let Some(Ok(bytes)) = other.strip_prefix("flood=").map(str::parse::<usize>) {
+                flood(bytes);
+            }
+            if let Some(name) = other.strip_prefix("env=") {
+                return match std::env::var(name) {
+                    Ok(_) => Outcome::Ack,
+                    Err(_) => Outcome::Drop,
+                };
+            }
             if let Some(Ok(ms)) = other.strip_prefix("after=").map(str::parse) {
                 return Outcome::retry_after(Duration::from_millis(ms));
             }
@@ -65,6 +94,13 @@ fn busy(time: Duration) {
     let start = std::time::Instant::now();
     while start.elapsed() < time {
         std::hint::spin_loop();
+    }
+}
+
+fn flood(bytes: usize) {
+    let line = "x".repeat(99);
+    for _ in 0..bytes / 100 {
+        println!("{line}");
     }
 }
 

@@ -1,0 +1,364 @@
+//! Many tenants in one host: own connections, budgets that slow a tenant
+//! down without losing anything, grants, metrics, and hostile handlers that
+//! hurt nobody else.
+
+use std::collections::HashMap;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use wharf::config::Config;
+use wharf::events::Event;
+use wharf::settlement::Disposition;
+
+use crate::client::{Client, TestMessage};
+use crate::limits::wat_handler;
+use crate::{
+    MountToml, TenantToml, TestHost, artemis_url, assert_failed, rabbitmq_url, repo_root,
+    tenants_text, unique,
+};
+
+const SCRIPT: &str = "fixture_script";
+
+/// Starts a host with `tenants` on Artemis (`host_extra` at the top level).
+pub(crate) async fn start_tenants(
+    host_extra: &str,
+    tenants: &[TenantToml],
+) -> anyhow::Result<(TestHost, Client)> {
+    let url = artemis_url();
+    let text = tenants_text(&url, host_extra, tenants);
+    let host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    let client = Client::connect(&url).await?;
+    Ok((host, client))
+}
+
+#[tokio::test]
+async fn a_tenant_with_its_own_broker_is_served_beside_the_default_one() -> anyhow::Result<()> {
+    let on_artemis = unique("own-a");
+    let on_rabbit = format!("/queue/{}", unique("own-r"));
+    let tenants = [
+        TenantToml::new("a", vec![MountToml::new("m", SCRIPT, &on_artemis)]),
+        TenantToml::new("r", vec![MountToml::new("m", SCRIPT, &on_rabbit)])
+            .with("[tenant.broker]")
+            .with(&format!("url = \"{}\"", rabbitmq_url()))
+            .with(&format!("container_id = \"{}\"", unique("tenant-r"))),
+    ];
+    let (mut host, mut artemis) = start_tenants("", &tenants).await?;
+    let mut rabbit = Client::connect(&rabbitmq_url()).await?;
+    artemis
+        .publish(&on_artemis, TestMessage::new(&on_artemis, "x"))
+        .await?;
+    rabbit
+        .publish(&on_rabbit, TestMessage::new(&on_rabbit, "x"))
+        .await?;
+    for (tenant, id) in [("a", &on_artemis), ("r", &on_rabbit)] {
+        let handled = host.handled(id).await?;
+        assert_eq!(&*handled.tenant, tenant);
+        assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    }
+    host.stop().await?;
+    artemis.close().await;
+    rabbit.close().await;
+    Ok(())
+}
+
+/// Publishes `per_mount` messages that each run for a while to each of two
+/// mounts of one tenant whose budget line is `budget`; returns the most
+/// deliveries that ran at once, once all are accepted.
+async fn most_at_once(budget: &str, mount_extra: &str, per_mount: usize) -> anyhow::Result<usize> {
+    let queues = [unique("budget-1"), unique("budget-2")];
+    let mounts = queues
+        .iter()
+        .enumerate()
+        .map(|(n, q)| {
+            MountToml::new(&format!("m{n}"), SCRIPT, q)
+                .with("concurrency = 4")
+                .with(mount_extra)
+                .with("[tenant.mount.grants]")
+                .with("clocks = true")
+        })
+        .collect();
+    let tenant = TenantToml::new("busy", mounts).with(budget);
+    let (mut host, mut client) = start_tenants("", &[tenant]).await?;
+    let mut ids = Vec::new();
+    for q in &queues {
+        for n in 0..per_mount {
+            let id = format!("{q}.{n}");
+            client
+                .publish(q, TestMessage::new(&id, "x").script("*:busy=200"))
+                .await?;
+            ids.push(id);
+        }
+    }
+    let (mut running, mut most, mut accepted) = (0usize, 0usize, 0usize);
+    while accepted < ids.len() {
+        let change = host
+            .next(|e| match e {
+                Event::Started { tenant, .. } if &**tenant == "busy" => Some(1),
+                Event::Handled(h) if &*h.tenant == "busy" => {
+                    assert_eq!(h.disposition, Some(Disposition::Accepted), "{h:?}");
+                    Some(-1)
+                }
+                _ => None,
+            })
+            .await?;
+        if change > 0 {
+            running += 1;
+            most = most.max(running);
+        } else {
+            running -= 1;
+            accepted += 1;
+        }
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(most)
+}
+
+#[tokio::test]
+async fn max_running_holds_a_tenant_to_its_budget_and_loses_nothing() -> anyhow::Result<()> {
+    assert_eq!(most_at_once("max_running = 1", "", 3).await?, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_memory_holds_a_tenant_to_its_budget_and_loses_nothing() -> anyhow::Result<()> {
+    // Room for one 16 MiB instance at a time.
+    let most = most_at_once("max_memory = \"20MiB\"", "memory = \"16MiB\"", 3).await?;
+    assert_eq!(most, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_pending_copies_holds_back_deliveries_until_copies_are_out() -> anyhow::Result<()> {
+    let q = unique("copies");
+    let mount = MountToml::new("m", SCRIPT, &q).with("concurrency = 8");
+    let tenant = TenantToml::new("c", vec![mount]).with("max_pending_copies = 2");
+    let (mut host, mut client) = start_tenants("", &[tenant]).await?;
+    let ids: Vec<String> = (0..5).map(|n| format!("{q}.{n}")).collect();
+    for id in &ids {
+        client
+            .publish(&q, TestMessage::new(id, "x").script("1:after=700"))
+            .await?;
+    }
+    // Every message: attempt 1 (a delayed copy), then attempt 2 (acked).
+    // A delivery in flight or a copy waiting holds one of the two slots.
+    let (mut held, mut most) = (0i32, 0i32);
+    let mut acked = 0;
+    while acked < ids.len() {
+        let change = host
+            .next(|e| match e {
+                Event::Started { attempt: 1, .. } => Some(1),
+                Event::CopyPublished { error: None, .. } => Some(-1),
+                Event::Handled(h) if h.attempt == 2 => {
+                    assert_eq!(h.disposition, Some(Disposition::Accepted), "{h:?}");
+                    Some(0)
+                }
+                _ => None,
+            })
+            .await?;
+        held += change;
+        most = most.max(held);
+        if change == 0 {
+            acked += 1;
+        }
+    }
+    assert!(most <= 2, "{most} deliveries and copies held at once");
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn grants_open_clocks_random_and_environment_and_their_absence_fails_the_call()
+-> anyhow::Result<()> {
+    let denied = unique("denied");
+    let granted = unique("granted");
+    let mounts = vec![
+        MountToml::new("denied", SCRIPT, &denied).with("max_attempts = 1"),
+        MountToml::new("granted", SCRIPT, &granted)
+            .with("[tenant.mount.grants]")
+            .with("clocks = true")
+            .with("random = true")
+            .with("env = { REGION = \"eu\" }"),
+    ];
+    let (mut host, mut client) = start_tenants("", &[TenantToml::new("g", mounts)]).await?;
+    for (action, needs) in [("clock", "clocks"), ("random", "random")] {
+        let id = format!("{denied}.{action}");
+        client
+            .publish(
+                &denied,
+                TestMessage::new(&id, "x")
+                    .header(0)
+                    .script(&format!("*:{action}")),
+            )
+            .await?;
+        let handled = host.handled(&id).await?;
+        assert_failed(&handled, &format!("add `{needs} = true`"));
+        assert_eq!(handled.disposition, Some(Disposition::Rejected));
+        let id = format!("{granted}.{action}");
+        client
+            .publish(
+                &granted,
+                TestMessage::new(&id, "x").script(&format!("*:{action}")),
+            )
+            .await?;
+        assert_eq!(
+            host.handled(&id).await?.disposition,
+            Some(Disposition::Accepted)
+        );
+    }
+    // An ungranted environment is empty; a granted one has its variables.
+    for (q, expected) in [
+        (&denied, Disposition::Rejected),
+        (&granted, Disposition::Accepted),
+    ] {
+        let id = format!("{q}.env");
+        client
+            .publish(q, TestMessage::new(&id, "x").script("*:env=REGION"))
+            .await?;
+        assert_eq!(host.handled(&id).await?.disposition, Some(expected));
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+/// `GET path` on the admin listener: status line and body.
+pub(crate) async fn http_get(
+    address: std::net::SocketAddr,
+    path: &str,
+) -> anyhow::Result<(String, String)> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: wharf\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    Ok((status, body.to_owned()))
+}
+
+/// The value of the series `name{labels}` in a Prometheus text page (0 when
+/// absent); `labels` are matched as a substring of the label set.
+pub(crate) fn series(page: &str, name: &str, labels: &str) -> f64 {
+    page.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")) && line.contains(labels))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn hostile_handlers_are_retried_counted_and_hurt_no_other_tenant() -> anyhow::Result<()> {
+    let good = unique("good");
+    let bad: HashMap<&str, String> = ["spin", "hog", "trap", "slow", "flood", "deep"]
+        .into_iter()
+        .map(|kind| (kind, unique(&format!("bad-{kind}"))))
+        .collect();
+    // The flood's megabyte of output takes a while through a debug build.
+    let hostile = |kind: &str, extra: &[&str]| {
+        let timeout = if kind == "flood" { "20s" } else { "1500ms" };
+        let mut mount = MountToml::new(kind, SCRIPT, &bad[kind])
+            .with("max_attempts = 2")
+            .with(&format!("timeout = \"{timeout}\""))
+            .with("memory = \"16MiB\"");
+        for line in extra {
+            mount = mount.with(line);
+        }
+        mount
+    };
+    let mut deep = hostile("deep", &[]);
+    deep.module = wat_handler("(drop (call $handle (local.get 0)))");
+    let tenants = [
+        TenantToml::new(
+            "bad",
+            vec![
+                hostile("spin", &[]),
+                hostile("hog", &[]),
+                hostile("trap", &[]),
+                hostile("slow", &["[tenant.mount.grants]", "clocks = true"]),
+                hostile("flood", &[]),
+                deep,
+            ],
+        ),
+        TenantToml::new("good", vec![MountToml::new("m", SCRIPT, &good)]),
+    ];
+    let (mut host, mut client) =
+        start_tenants("[admin]\nlisten = \"127.0.0.1:0\"", &tenants).await?;
+    let scripts = [
+        ("spin", "*:spin"),
+        ("hog", "*:hog"),
+        ("trap", "*:trap"),
+        ("slow", "*:busy=60000"),
+        ("flood", "*:flood=1000000"),
+        ("deep", ""),
+    ];
+    for (kind, script) in scripts {
+        client
+            .publish(
+                &bad[kind],
+                TestMessage::new(&bad[kind], "x").header(0).script(script),
+            )
+            .await?;
+    }
+    let ids: Vec<String> = (0..30).map(|n| format!("{good}.{n}")).collect();
+    for id in &ids {
+        client.publish(&good, TestMessage::new(id, "ok")).await?;
+    }
+    for id in &ids {
+        assert_eq!(
+            host.handled(id).await?.disposition,
+            Some(Disposition::Accepted)
+        );
+    }
+    // Every failing one: a retry, then rejected at its limit. The flood is
+    // cut to the output allowance and acked.
+    for (kind, reason) in [
+        ("spin", "timeout"),
+        ("hog", "memory limit"),
+        ("trap", "trapped"),
+        ("slow", "timeout"),
+        ("deep", "overflowed its stack"),
+    ] {
+        let first = host.handled(&bad[kind]).await?;
+        assert_failed(&first, reason);
+        assert_eq!(first.disposition, Some(Disposition::Modified), "{kind}");
+        let last = host.handled(&bad[kind]).await?;
+        assert_eq!(last.disposition, Some(Disposition::Rejected), "{kind}");
+    }
+    let flood = host.handled(&bad["flood"]).await?;
+    assert_eq!(flood.disposition, Some(Disposition::Accepted));
+
+    let admin = host.host().admin_address().expect("admin listener");
+    let (status, page) = http_get(admin, "/metrics").await?;
+    assert!(status.contains("200"), "{status}");
+    let failures = |mount: &str, kind: &str| {
+        series(
+            &page,
+            "wharf_handler_failures_total",
+            &format!("tenant=\"bad\",mount=\"{mount}\",kind=\"{kind}\""),
+        )
+    };
+    assert_eq!(failures("spin", "timeout"), 2.0, "{page}");
+    assert_eq!(failures("slow", "timeout"), 2.0);
+    assert_eq!(failures("hog", "out-of-memory"), 2.0);
+    assert_eq!(failures("trap", "trap"), 2.0);
+    assert_eq!(failures("deep", "stack-overflow"), 2.0);
+    let dropped = series(
+        &page,
+        "wharf_handler_output_dropped_bytes_total",
+        "mount=\"flood\"",
+    );
+    assert!(dropped > 900_000.0, "{dropped}");
+    let good_acks = series(
+        &page,
+        "wharf_deliveries_total",
+        "tenant=\"good\",mount=\"m\",outcome=\"ack\",disposition=\"accepted\"",
+    );
+    assert_eq!(good_acks, ids.len() as f64);
+    let (status, _) = http_get(admin, "/healthz").await?;
+    assert!(status.contains("200"), "{status}");
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
