@@ -28,7 +28,7 @@
 // counts as Retry.
 //
 // Build for wasip1 as a c-shared module, then turn it into a component with
-// `wharf componentize --realloc-via-memory-grow`. Off wasm (go test), the
+// `wharf componentize` (the project's Makefile does both). Off wasm (go test), the
 // package works too: Register only records the handler and the log functions
 // write to stderr, so handler logic can be unit-tested natively.
 package wharf
