@@ -30,6 +30,10 @@ _Static_assert(WHARF_TRACE == WHARF_HANDLER_LOG_LEVEL_TRACE && WHARF_ERROR == WH
  * *_component_type.o; `wharf componentize` embeds the world instead. */
 __attribute__((weak)) void __component_type_object_force_link_handler(void) {}
 
+#ifdef WHARF_FREESTANDING
+static void heap_release_delivery(void);
+#endif
+
 static const wharf_str_t *opt(const handler_option_string_t *o) {
     return o->is_some ? (const wharf_str_t *)&o->val : NULL;
 }
@@ -71,6 +75,9 @@ void exports_handler_handle(handler_delivery_t *g, handler_outcome_t *ret) {
         abort();
     }
     handler_delivery_free(g);
+#ifdef WHARF_FREESTANDING
+    heap_release_delivery();
+#endif
 }
 
 wharf_str_t wharf_str(const char *s) {
@@ -456,9 +463,10 @@ const char *wharf_outcome_name(wharf_outcome_t o, char *buf, size_t cap) {
 /* ---- WHARF_FREESTANDING: the little of libc the bindings and SDK use ---- */
 #ifdef WHARF_FREESTANDING
 
-/* A bump allocator over memory.grow. Every delivery gets a fresh instance,
- * so memory is never reused across deliveries; free only gives back the
- * most recent block. */
+/* A bump allocator over memory.grow. free only gives back the most recent
+ * block; everything allocated for and during a delivery (the host's copy of
+ * it, the handler's own allocations) is given back when `handle` returns, so
+ * an instance the host reuses for many deliveries does not grow. */
 extern unsigned char __heap_base;
 
 #define WHARF_ALIGN 16
@@ -474,6 +482,12 @@ static unsigned char *last_block;
 
 static uintptr_t align_up(uintptr_t v, uintptr_t a) {
     return (v + a - 1) & ~(a - 1);
+}
+
+static void heap_release_delivery(void) {
+    if (heap_top)
+        heap_top = align_up((uintptr_t)&__heap_base, WHARF_ALIGN);
+    last_block = NULL;
 }
 
 static bool reserve(uintptr_t top) {

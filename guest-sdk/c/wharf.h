@@ -25,7 +25,9 @@
  * with no libc at all (--target=wasm32-unknown-unknown -nostdlib, with
  * -DWHARF_FREESTANDING): then this SDK provides malloc, calloc, realloc,
  * free, memcpy, memmove, memset, memcmp, strlen and abort, and the headers in
- * freestanding/ declare them.
+ * freestanding/ declare them. Its allocator gives back everything allocated
+ * during a delivery when `handle` returns: keep nothing malloc'ed from one
+ * delivery to the next (static storage is fine).
  */
 #ifndef WHARF_H
 #define WHARF_H
