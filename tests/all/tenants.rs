@@ -362,3 +362,17 @@ async fn hostile_handlers_are_retried_counted_and_hurt_no_other_tenant() -> anyh
     client.close().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_keeps_its_throughput_beside_a_tenant_whose_handlers_spin() -> anyhow::Result<()> {
+    let figures = wharf_tests::scenarios::noisy_neighbour(800, 4, 2).await?;
+    eprintln!(
+        "noisy neighbour: {} deliveries in {:?} alone, {:?} beside 4 spinning handlers: ratio {:.2}",
+        figures.messages,
+        figures.alone,
+        figures.beside_spinners,
+        figures.ratio()
+    );
+    assert!(figures.ratio() >= 0.8, "{figures:?}");
+    Ok(())
+}

@@ -18,8 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub(crate) const LONG_RUNNING_AFTER_SLICES: u32 = 5;
 
 /// The pause after each slice of a long-running call: with 10 ms slices a
-/// tenant's long-running handlers together get at most a fifth of a core.
-pub(crate) const PAUSE: Duration = Duration::from_millis(40);
+/// tenant's long-running handlers together get at most a tenth of a core.
+pub(crate) const PAUSE: Duration = Duration::from_millis(90);
 
 /// The right to run one slice of a long-running handler, shared by one
 /// tenant's mounts.

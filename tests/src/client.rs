@@ -18,7 +18,7 @@ use wharf::settlement::RETRY_COUNT_PROPERTY;
 use crate::{DEADLINE, unique};
 
 /// A test message: id, body, and what the fixture handler should do.
-pub(crate) struct TestMessage {
+pub struct TestMessage {
     id: String,
     body: String,
     header: Option<u32>,
@@ -26,7 +26,8 @@ pub(crate) struct TestMessage {
 }
 
 impl TestMessage {
-    pub(crate) fn new(id: &str, body: &str) -> TestMessage {
+    /// A message with this id and body.
+    pub fn new(id: &str, body: &str) -> TestMessage {
         TestMessage {
             id: id.to_owned(),
             body: body.to_owned(),
@@ -36,28 +37,29 @@ impl TestMessage {
     }
 
     /// Gives the message a header section with this delivery-count.
-    pub(crate) fn header(mut self, delivery_count: u32) -> TestMessage {
+    pub fn header(mut self, delivery_count: u32) -> TestMessage {
         self.header = Some(delivery_count);
         self
     }
 
     /// Makes the message look like a copy with this retry count.
-    pub(crate) fn retry_count(self, retry_count: u32) -> TestMessage {
+    pub fn retry_count(self, retry_count: u32) -> TestMessage {
         self.property(RETRY_COUNT_PROPERTY, SimpleValue::Uint(retry_count))
     }
 
     /// The fixture's `script` property.
-    pub(crate) fn script(self, script: &str) -> TestMessage {
+    pub fn script(self, script: &str) -> TestMessage {
         self.property("script", SimpleValue::String(script.to_owned()))
     }
 
-    pub(crate) fn property(mut self, key: &str, value: SimpleValue) -> TestMessage {
+    /// Adds an application property.
+    pub fn property(mut self, key: &str, value: SimpleValue) -> TestMessage {
         self.properties.push((key.to_owned(), value));
         self
     }
 
     /// The AMQP message this describes.
-    pub(crate) fn build(&self) -> AmqpMessage {
+    pub fn build(&self) -> AmqpMessage {
         let mut properties = ApplicationProperties::builder();
         for (key, value) in &self.properties {
             properties = properties.insert(key.as_str(), value.clone());
@@ -95,7 +97,7 @@ impl From<&TestMessage> for AmqpMessage {
 }
 
 /// One connection and session to a broker.
-pub(crate) struct Client {
+pub struct Client {
     connection: ConnectionHandle<()>,
     session: SessionHandle<()>,
     senders: HashMap<String, Sender>,
@@ -103,7 +105,8 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    pub(crate) async fn connect(url: &str) -> anyhow::Result<Client> {
+    /// Connects to the broker at `url`.
+    pub async fn connect(url: &str) -> anyhow::Result<Client> {
         let mut connection = Connection::open(unique("wharf-test-client"), url)
             .await
             .with_context(|| {
@@ -119,7 +122,7 @@ impl Client {
     }
 
     /// Publishes and waits for `accepted`.
-    pub(crate) async fn publish(
+    pub async fn publish(
         &mut self,
         address: &str,
         message: impl Into<AmqpMessage>,
@@ -137,14 +140,14 @@ impl Client {
 
     /// A receiver on `address` (attach it before the messages it should see
     /// are published, on fanout addresses).
-    pub(crate) async fn watch(&mut self, address: &str) -> anyhow::Result<Watcher> {
+    pub async fn watch(&mut self, address: &str) -> anyhow::Result<Watcher> {
         let receiver = Receiver::attach(&mut self.session, unique("test-watch"), address).await?;
         Ok(Watcher { receiver })
     }
 
     /// How many messages an Artemis queue holds (0 if it does not exist),
     /// asked of the broker's management address.
-    pub(crate) async fn artemis_count(&mut self, queue: &str) -> anyhow::Result<u64> {
+    pub async fn artemis_count(&mut self, queue: &str) -> anyhow::Result<u64> {
         let resource = format!("queue.{queue}");
         let Some(text) = self.artemis_management(&resource, "countMessages").await? else {
             return Ok(0);
@@ -155,7 +158,7 @@ impl Client {
     }
 
     /// The routing types of an Artemis address, as the broker's JSON text.
-    pub(crate) async fn artemis_routing_types(&mut self, address: &str) -> anyhow::Result<String> {
+    pub async fn artemis_routing_types(&mut self, address: &str) -> anyhow::Result<String> {
         let resource = format!("address.{address}");
         self.artemis_management(&resource, "getRoutingTypesAsJSON")
             .await?
@@ -208,7 +211,8 @@ impl Client {
         }
     }
 
-    pub(crate) async fn close(mut self) {
+    /// Detaches every link and closes the connection.
+    pub async fn close(mut self) {
         for (_, sender) in self.senders.drain() {
             let _ = sender.close().await;
         }
@@ -222,13 +226,13 @@ impl Client {
 }
 
 /// Messages arriving on one address, each accepted on receipt.
-pub(crate) struct Watcher {
+pub struct Watcher {
     receiver: Receiver,
 }
 
 impl Watcher {
     /// The next message, and when it arrived.
-    pub(crate) async fn next(&mut self) -> anyhow::Result<(Instant, AmqpMessage)> {
+    pub async fn next(&mut self) -> anyhow::Result<(Instant, AmqpMessage)> {
         let delivery = tokio::time::timeout(DEADLINE, self.receiver.recv::<Body<Value>>())
             .await
             .context("no message arrived in time")??;
@@ -238,10 +242,7 @@ impl Watcher {
     }
 
     /// The next message whose id is `id`, skipping others.
-    pub(crate) async fn next_with_id(
-        &mut self,
-        id: &str,
-    ) -> anyhow::Result<(Instant, AmqpMessage)> {
+    pub async fn next_with_id(&mut self, id: &str) -> anyhow::Result<(Instant, AmqpMessage)> {
         loop {
             let (at, message) = self.next().await?;
             if message_id(&message).as_deref() == Some(id) {
@@ -250,21 +251,24 @@ impl Watcher {
         }
     }
 
-    pub(crate) async fn close(self) {
+    /// Stops watching.
+    pub async fn close(self) {
         let _ = self.receiver.close().await;
     }
 }
 
-pub(crate) fn message_id(message: &AmqpMessage) -> Option<String> {
+/// `properties.message-id` as text.
+pub fn message_id(message: &AmqpMessage) -> Option<String> {
     wharf::broker::message::message_id(message)
 }
 
 /// The `x-ruststream-retry-count` of a message.
-pub(crate) fn retry_count(message: &AmqpMessage) -> Option<u32> {
+pub fn retry_count(message: &AmqpMessage) -> Option<u32> {
     wharf::broker::message::counters(message).retry_count
 }
 
-pub(crate) fn body_text(message: &AmqpMessage) -> String {
+/// The body as text (an `amqp-value` string).
+pub fn body_text(message: &AmqpMessage) -> String {
     match &message.body {
         Body::Value(v) => match &v.0 {
             Value::String(s) => s.clone(),

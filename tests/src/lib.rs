@@ -1,0 +1,329 @@
+//! Helpers for wharf's integration tests and benchmarks: a test AMQP
+//! client, config builders, and a host running in the test process.
+//!
+//! The brokers must be running (`scripts/test` starts them): Apache Artemis
+//! on `WHARF_ARTEMIS_URL` (default `amqp://admin:admin@127.0.0.1:5672`) and
+//! RabbitMQ on `WHARF_RABBITMQ_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5673`). Guest components come from
+//! `build/guests` (`scripts/build-guests`).
+
+pub mod client;
+pub mod scenarios;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::sync::broadcast;
+use wharf::config::Config;
+use wharf::events::{Event, Handled};
+use wharf::{Host, RunningHost};
+
+/// How long any one expected thing may take on a loaded 2-core machine.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The Artemis broker the tests use.
+pub fn artemis_url() -> String {
+    std::env::var("WHARF_ARTEMIS_URL")
+        .unwrap_or_else(|_| "amqp://admin:admin@127.0.0.1:5672".into())
+}
+
+/// The RabbitMQ broker the tests use.
+pub fn rabbitmq_url() -> String {
+    std::env::var("WHARF_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5673".into())
+}
+
+/// The repository's root folder.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// A compiled guest from `build/guests`.
+pub fn guest(name: &str) -> PathBuf {
+    let path = repo_root()
+        .join("build/guests")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/build-guests",
+        path.display()
+    );
+    path
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    format!(
+        "{prefix}.{}.{nanos}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Polls `count` until the queue it counts holds `expected` messages.
+pub async fn wait_for_count(
+    queue: &str,
+    expected: u64,
+    mut count: impl AsyncFnMut() -> anyhow::Result<u64>,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let found = count().await?;
+        if found == expected {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "queue {queue} holds {found} messages, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One `[[tenant.mount]]` table, as TOML lines after `name`/`module`/`address`.
+#[derive(Clone)]
+pub struct MountToml {
+    /// The mount's name.
+    pub name: String,
+    /// The component file.
+    pub module: PathBuf,
+    /// The subscription address.
+    pub address: String,
+    /// More TOML lines of the mount table.
+    pub extra: String,
+}
+
+impl MountToml {
+    /// A mount of the built guest `module` on `address`.
+    pub fn new(name: &str, module: &str, address: &str) -> MountToml {
+        MountToml {
+            name: name.to_owned(),
+            module: guest(module),
+            address: address.to_owned(),
+            extra: String::new(),
+        }
+    }
+
+    /// Adds a TOML line to the mount table.
+    pub fn with(mut self, line: &str) -> MountToml {
+        self.extra.push_str(line);
+        self.extra.push('\n');
+        self
+    }
+}
+
+/// One `[[tenant]]` table: extra TOML lines after `name`, then its mounts.
+#[derive(Clone)]
+pub struct TenantToml {
+    /// The tenant's name.
+    pub name: String,
+    /// More TOML lines of the tenant table, before its mounts.
+    pub extra: String,
+    /// The tenant's mounts.
+    pub mounts: Vec<MountToml>,
+}
+
+impl TenantToml {
+    /// A tenant with `mounts`.
+    pub fn new(name: &str, mounts: Vec<MountToml>) -> TenantToml {
+        TenantToml {
+            name: name.to_owned(),
+            extra: String::new(),
+            mounts,
+        }
+    }
+
+    /// Adds a TOML line to the tenant table.
+    pub fn with(mut self, line: &str) -> TenantToml {
+        self.extra.push_str(line);
+        self.extra.push('\n');
+        self
+    }
+}
+
+/// The text of a config file with one tenant `t` holding `mounts`.
+pub fn config_text(url: &str, mounts: &[MountToml]) -> String {
+    tenants_text(url, "", &[TenantToml::new("t", mounts.to_vec())])
+}
+
+/// The text of a config file with `tenants`, and `host_extra` lines at the
+/// top level (after `[broker]` and `[host]`).
+pub fn tenants_text(url: &str, host_extra: &str, tenants: &[TenantToml]) -> String {
+    let mut text = format!(
+        "[broker]\nurl = \"{url}\"\ncontainer_id = \"{}\"\n[host]\nshutdown_grace = \"20s\"\n{host_extra}\n",
+        unique("wharf-test")
+    );
+    for tenant in tenants {
+        text.push_str(&format!(
+            "[[tenant]]\nname = \"{}\"\n{}",
+            tenant.name, tenant.extra
+        ));
+        for m in &tenant.mounts {
+            text.push_str(&format!(
+                "[[tenant.mount]]\nname = \"{}\"\nmodule = \"{}\"\naddress = \"{}\"\n{}",
+                m.name,
+                m.module.display(),
+                m.address,
+                m.extra
+            ));
+        }
+    }
+    text
+}
+
+/// A host running in this process, and the stream of what it does.
+pub struct TestHost {
+    host: Option<RunningHost>,
+    events: broadcast::Receiver<Event>,
+    /// Events read while looking for another one, oldest first.
+    backlog: Vec<Event>,
+}
+
+impl TestHost {
+    /// Starts a host and waits until every mount is attached.
+    pub async fn start(url: &str, mounts: &[MountToml]) -> anyhow::Result<TestHost> {
+        let text = config_text(url, mounts);
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await
+    }
+
+    /// Starts a host on `config` and waits until every mount is attached.
+    pub async fn start_config(config: Config) -> anyhow::Result<TestHost> {
+        init_logging();
+        let mounts = config.mounts().count();
+        let host = Host::load(config)?;
+        let events = host.subscribe();
+        let mut host = TestHost {
+            host: Some(host.start().await?),
+            events,
+            backlog: Vec::new(),
+        };
+        let mut ready = Vec::new();
+        for _ in 0..mounts {
+            ready.push(
+                host.next(|e| matches!(e, Event::MountReady { .. }).then(|| e.clone()))
+                    .await?,
+            );
+        }
+        // Kept for tests that look at what the broker offered.
+        host.backlog.extend(ready);
+        Ok(host)
+    }
+
+    /// The first event (from the backlog, then the stream) that `pick`
+    /// takes; the others stay for later calls.
+    pub async fn next<T>(&mut self, pick: impl Fn(&Event) -> Option<T>) -> anyhow::Result<T> {
+        if let Some(i) = self.backlog.iter().position(|e| pick(e).is_some()) {
+            let event = self.backlog.remove(i);
+            return Ok(pick(&event).expect("picked above"));
+        }
+        loop {
+            let event = next_event(&mut self.events).await?;
+            match pick(&event) {
+                Some(found) => return Ok(found),
+                None => self.backlog.push(event),
+            }
+        }
+    }
+
+    /// Whether an event `pick` takes has already arrived (without waiting).
+    pub fn seen(&mut self, pick: impl Fn(&Event) -> bool) -> bool {
+        while let Ok(event) = self.events.try_recv() {
+            self.backlog.push(event);
+        }
+        self.backlog.iter().any(pick)
+    }
+
+    /// The next handled delivery of message `id`.
+    pub async fn handled(&mut self, id: &str) -> anyhow::Result<Handled> {
+        self.next(|e| match e {
+            Event::Handled(h) if h.message_id.as_deref() == Some(id) => Some(h.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Waits until a handler has started on message `id`.
+    pub async fn started(&mut self, id: &str) -> anyhow::Result<()> {
+        self.next(|e| match e {
+            Event::Started { message_id, .. } if message_id.as_deref() == Some(id) => Some(()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The next `n` handled deliveries of message `id`, by attempt: a copy
+    /// may be handled before the delivery it was copied from has reported.
+    pub async fn handled_n(&mut self, id: &str, n: usize) -> anyhow::Result<Vec<Handled>> {
+        let mut all = Vec::with_capacity(n);
+        while all.len() < n {
+            all.push(self.handled(id).await?);
+        }
+        all.sort_by_key(|h| h.attempt);
+        Ok(all)
+    }
+
+    /// The running host.
+    pub fn host(&self) -> &RunningHost {
+        self.host.as_ref().expect("running until stopped")
+    }
+
+    /// Shuts the host down gracefully.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(host) = self.host.take() {
+            tokio::time::timeout(DEADLINE, host.shutdown())
+                .await
+                .context("host did not stop in time")??;
+        }
+        Ok(())
+    }
+}
+
+/// Starts a host with `mounts` on the broker at `url` and connects a test
+/// client to the same broker.
+pub async fn start_with_client(
+    url: &str,
+    mounts: &[MountToml],
+) -> anyhow::Result<(TestHost, client::Client)> {
+    let host = TestHost::start(url, mounts).await?;
+    let client = client::Client::connect(url).await?;
+    Ok((host, client))
+}
+
+/// Asserts that the handler failed, for a reason that mentions `reason`.
+pub fn assert_failed(handled: &Handled, reason: &str) {
+    assert!(
+        handled
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains(reason)),
+        "expected a failure mentioning {reason:?}: {handled:?}"
+    );
+}
+
+/// Host logs go to the test's captured output: shown only when it fails.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+async fn next_event(events: &mut broadcast::Receiver<Event>) -> anyhow::Result<Event> {
+    match tokio::time::timeout(DEADLINE, events.recv()).await {
+        Ok(Ok(event)) => Ok(event),
+        Ok(Err(e)) => bail!("event stream: {e}"),
+        Err(_) => bail!("no event within {DEADLINE:?}"),
+    }
+}

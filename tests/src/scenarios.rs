@@ -1,0 +1,122 @@
+//! Scenarios shared by the integration tests (which assert a floor) and the
+//! benchmarks (which report the figures).
+
+use std::time::{Duration, Instant};
+
+use wharf::config::Config;
+use wharf::events::Event;
+use wharf::settlement::Disposition;
+
+use crate::client::{Client, TestMessage};
+use crate::{MountToml, TenantToml, TestHost, artemis_url, repo_root, tenants_text, unique};
+
+/// Tenant A's throughput alone and beside tenant B's spinning handlers.
+#[derive(Debug, Clone, Copy)]
+pub struct NoisyNeighbour {
+    /// Messages A handled in the measured window.
+    pub messages: usize,
+    /// How long A took with B idle.
+    pub alone: Duration,
+    /// How long A took while B's handlers spun at their concurrency limit.
+    pub beside_spinners: Duration,
+}
+
+impl NoisyNeighbour {
+    /// A's throughput beside the spinners as a fraction of its throughput
+    /// alone.
+    pub fn ratio(&self) -> f64 {
+        self.alone.as_secs_f64() / self.beside_spinners.as_secs_f64()
+    }
+}
+
+/// Runs tenant A (an acking handler) through `messages` deliveries, alone
+/// and while tenant B runs `spinners` handlers that loop forever, `rounds`
+/// times each, alternating so drift in the machine's load hits both alike.
+pub async fn noisy_neighbour(
+    messages: usize,
+    spinners: u32,
+    rounds: u32,
+) -> anyhow::Result<NoisyNeighbour> {
+    let mut figures = NoisyNeighbour {
+        messages: messages * rounds as usize,
+        alone: Duration::ZERO,
+        beside_spinners: Duration::ZERO,
+    };
+    for _ in 0..rounds {
+        figures.alone += a_throughput(messages, 0).await?;
+        figures.beside_spinners += a_throughput(messages, spinners).await?;
+    }
+    Ok(figures)
+}
+
+/// How long tenant A takes for `messages` deliveries, its queue filled
+/// beforehand; the first tenth are a warm-up outside the window.
+async fn a_throughput(messages: usize, spinners: u32) -> anyhow::Result<Duration> {
+    let url = artemis_url();
+    let fast = unique("noisy-a");
+    let spin = unique("noisy-b");
+    let mut tenants = vec![TenantToml::new(
+        "a",
+        vec![MountToml::new("m", "fixture_script", &fast).with("concurrency = 8")],
+    )];
+    if spinners > 0 {
+        // Each spin times out and comes back, so B keeps spinning at its
+        // concurrency limit for as long as A is measured.
+        tenants.push(TenantToml::new(
+            "b",
+            vec![
+                MountToml::new("spin", "fixture_script", &spin)
+                    .with(&format!("concurrency = {spinners}"))
+                    .with("timeout = \"3s\""),
+            ],
+        ));
+    }
+    let mut client = Client::connect(&url).await?;
+    for n in 0..spinners {
+        let id = format!("{spin}.{n}");
+        client
+            .publish(&spin, TestMessage::new(&id, "x").header(0).script("*:spin"))
+            .await?;
+    }
+    for n in 0..messages {
+        client
+            .publish(&fast, TestMessage::new(&format!("{fast}.{n}"), "x"))
+            .await?;
+    }
+    let text = tenants_text(&url, "", &tenants);
+    let mut host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    for _ in 0..spinners {
+        host.next(|e| matches!(e, Event::Started { tenant, .. } if &**tenant == "b").then_some(()))
+            .await?;
+    }
+    let warm_up = messages / 10;
+    let mut window_start = Instant::now();
+    for n in 0..messages {
+        let disposition = host
+            .next(|e| match e {
+                Event::Handled(h) if &*h.tenant == "a" => Some(h.disposition),
+                _ => None,
+            })
+            .await?;
+        anyhow::ensure!(
+            disposition == Some(Disposition::Accepted),
+            "{disposition:?}"
+        );
+        if n + 1 == warm_up {
+            window_start = Instant::now();
+        }
+    }
+    let took = window_start.elapsed();
+    host.stop().await?;
+    // The spin messages go back to the queue when B stops: take them away.
+    if spinners > 0 {
+        let mut leftovers = client.watch(&spin).await?;
+        for _ in 0..spinners {
+            leftovers.next().await?;
+        }
+        leftovers.close().await;
+    }
+    client.close().await;
+    Ok(took)
+}
