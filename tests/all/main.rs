@@ -5,6 +5,7 @@
 mod artemis;
 mod limits;
 mod rabbitmq;
+mod reload;
 mod shutdown;
 mod tenants;
 

@@ -1,0 +1,251 @@
+//! Hot reload under load: module files replaced and mounts added and
+//! removed while messages keep arriving; nothing is lost or handled twice.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use wharf::config::Config;
+use wharf::events::Event;
+use wharf::settlement::Disposition;
+
+use crate::client::{Client, TestMessage};
+use crate::{
+    MountToml, TenantToml, TestHost, artemis_url, guest, tenants_text, unique, wait_for_count,
+};
+
+/// A folder of its own for one test's config and module files.
+struct Workspace(PathBuf);
+
+impl Workspace {
+    fn new() -> anyhow::Result<Workspace> {
+        let dir = std::env::temp_dir().join(unique("wharf-reload"));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Workspace(dir))
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Replaces `name` whole, as deploy tools do: write aside, then rename.
+    fn replace(&self, name: &str, contents: &[u8]) -> anyhow::Result<()> {
+        let aside = self.path(&format!(".{name}.{}", unique("new")));
+        std::fs::write(&aside, contents)?;
+        std::fs::rename(&aside, self.path(name))?;
+        Ok(())
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `component` with a custom section appended: the same handler, a
+/// different file (and so a different version).
+fn tagged(component: &[u8], tag: &str) -> Vec<u8> {
+    let name = b"wharf-test-tag";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.extend_from_slice(tag.as_bytes());
+    let mut bytes = component.to_vec();
+    bytes.push(0);
+    let mut size = payload.len();
+    loop {
+        let byte = (size & 0x7f) as u8;
+        size >>= 7;
+        if size == 0 {
+            bytes.push(byte);
+            break;
+        }
+        bytes.push(byte | 0x80);
+    }
+    bytes.extend_from_slice(&payload);
+    bytes
+}
+
+fn config(url: &str, module: &Path, queue: &str, extra: Option<&str>) -> String {
+    let mut main = MountToml::new("main", "fixture_script", queue);
+    main.module = module.to_owned();
+    let mut mounts = vec![main];
+    if let Some(extra) = extra {
+        mounts.push(MountToml::new("extra", "fixture_script", extra));
+    }
+    tenants_text(url, "", &[TenantToml::new("t", mounts)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modules_and_mounts_reload_under_load_without_losing_a_message() -> anyhow::Result<()> {
+    const SWAPS: usize = 10;
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    let original = std::fs::read(guest("fixture_script"))?;
+    let versions = [tagged(&original, "one"), tagged(&original, "two")];
+    files.replace("handler.wasm", &versions[0])?;
+    let queue = unique("reload");
+    let extra_queue = unique("reload-extra");
+    let module = files.path("handler.wasm");
+    files.replace("wharf.toml", config(&url, &module, &queue, None).as_bytes())?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+
+    // Messages arrive all along, about 200 a second, from a client of
+    // their own, until every swap is done.
+    let stop = stop_flag();
+    let publisher = {
+        let (url, queue, stop) = (url.clone(), queue.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut client = Client::connect(&url).await?;
+            let mut pace = tokio::time::interval(Duration::from_millis(5));
+            let mut sent = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                pace.tick().await;
+                client
+                    .publish(&queue, TestMessage::new(&format!("{queue}.{sent}"), "x"))
+                    .await?;
+                sent += 1;
+            }
+            client.close().await;
+            anyhow::Ok(sent)
+        })
+    };
+
+    let mut switch_times = Vec::new();
+    let mut seen_versions = Vec::new();
+    for swap in 0..SWAPS {
+        let next = &versions[(swap + 1) % 2];
+        let asked = Instant::now();
+        files.replace("handler.wasm", next)?;
+        let (version, error) = host
+            .next(|e| match e {
+                Event::ModuleReloaded { version, error, .. } => {
+                    Some((version.clone(), error.clone()))
+                }
+                _ => None,
+            })
+            .await?;
+        assert_eq!(error, None);
+        switch_times.push(asked.elapsed());
+        seen_versions.push(version);
+        if swap == SWAPS / 2 {
+            // A mount comes and goes while the other one keeps serving.
+            files.replace(
+                "wharf.toml",
+                config(&url, &module, &queue, Some(&extra_queue)).as_bytes(),
+            )?;
+            let change = config_reloaded(&mut host).await?;
+            assert_eq!(change.added, ["t/extra"], "{change:?}");
+            assert!(
+                change.replaced.is_empty() && change.removed.is_empty(),
+                "{change:?}"
+            );
+            let mut client = Client::connect(&url).await?;
+            client
+                .publish(&extra_queue, TestMessage::new(&extra_queue, "x"))
+                .await?;
+            assert_eq!(
+                host.handled(&extra_queue).await?.disposition,
+                Some(Disposition::Accepted)
+            );
+            client.close().await;
+            files.replace("wharf.toml", config(&url, &module, &queue, None).as_bytes())?;
+            let change = config_reloaded(&mut host).await?;
+            assert_eq!(change.removed, ["t/extra"], "{change:?}");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let messages = publisher.await??;
+
+    let mut handled: HashMap<String, usize> = HashMap::new();
+    let mut by_version: HashMap<String, usize> = HashMap::new();
+    while handled.len() < messages {
+        let h = host
+            .next(|e| match e {
+                Event::Handled(h) if &*h.mount == "main" => Some(h.clone()),
+                _ => None,
+            })
+            .await?;
+        assert_eq!(h.disposition, Some(Disposition::Accepted), "{h:?}");
+        *handled.entry(h.message_id.unwrap_or_default()).or_default() += 1;
+        *by_version.entry(h.module_version.to_string()).or_default() += 1;
+    }
+    host.stop().await?;
+    let mut client = Client::connect(&url).await?;
+    // All accepted and none left: nothing can come back a second time.
+    wait_for_count(&queue, 0, async || client.artemis_count(&queue).await).await?;
+    client.close().await;
+    let twice: Vec<_> = handled.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    assert_eq!(handled.len(), messages);
+    assert_eq!(by_version.len(), 2, "both versions served: {by_version:?}");
+    let slowest = switch_times.iter().max().copied().unwrap_or_default();
+    let mean = switch_times.iter().sum::<Duration>() / switch_times.len() as u32;
+    eprintln!(
+        "reload: {messages} messages, each handled once ({by_version:?} by version), {SWAPS} swaps, switch mean {mean:?}, slowest {slowest:?}"
+    );
+    assert_eq!(seen_versions.len(), SWAPS);
+    Ok(())
+}
+
+fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    std::sync::Arc::default()
+}
+
+async fn config_reloaded(host: &mut TestHost) -> anyhow::Result<wharf::events::ConfigChange> {
+    let change = host
+        .next(|e| match e {
+            Event::ConfigReloaded(change) => Some(change.clone()),
+            _ => None,
+        })
+        .await?;
+    anyhow::ensure!(change.error.is_none(), "{change:?}");
+    Ok(change)
+}
+
+#[tokio::test]
+async fn a_module_that_does_not_load_leaves_the_old_one_serving() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    files.replace("handler.wasm", &std::fs::read(guest("fixture_script"))?)?;
+    let queue = unique("reload-bad");
+    let module = files.path("handler.wasm");
+    files.replace("wharf.toml", config(&url, &module, &queue, None).as_bytes())?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    files.replace("handler.wasm", b"not a component")?;
+    let error = host
+        .next(|e| match e {
+            Event::ModuleReloaded { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .await?;
+    let error = error.expect("the broken file is refused");
+    assert!(error.contains("handler.wasm"), "{error}");
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&queue, TestMessage::new(&queue, "x"))
+        .await?;
+    assert_eq!(
+        host.handled(&queue).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    // A config that does not load changes nothing either.
+    files.replace("wharf.toml", b"[broker]\nurl = 5\n")?;
+    let change = host
+        .next(|e| match e {
+            Event::ConfigReloaded(change) => Some(change.clone()),
+            _ => None,
+        })
+        .await?;
+    assert!(change.error.is_some_and(|e| e.contains("wharf.toml")));
+    client
+        .publish(&queue, TestMessage::new(&queue, "y"))
+        .await?;
+    assert_eq!(
+        host.handled(&queue).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
