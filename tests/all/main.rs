@@ -3,9 +3,11 @@
 //! The shared helpers live in the `wharf_tests` library (`tests/src`).
 
 mod artemis;
+mod languages;
 mod limits;
 mod rabbitmq;
 mod reload;
+mod scale;
 mod shutdown;
 mod tenants;
 

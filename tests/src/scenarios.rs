@@ -120,3 +120,78 @@ async fn a_throughput(messages: usize, spinners: u32) -> anyhow::Result<Duration
     client.close().await;
     Ok(took)
 }
+
+/// What one host with many tenants cost.
+#[derive(Debug, Clone, Copy)]
+pub struct ManyTenants {
+    /// Tenants, one mount each.
+    pub tenants: usize,
+    /// From loading the config to every mount attached.
+    pub start: Duration,
+    /// Until one message on every mount was handled, after the start.
+    pub first_messages: Duration,
+    /// The process's resident memory once every mount has served.
+    pub resident_bytes: u64,
+}
+
+/// Starts one host with `tenants` tenants of one mount each on Artemis and
+/// has every mount handle one message.
+pub async fn many_tenants(tenants: usize) -> anyhow::Result<ManyTenants> {
+    let url = artemis_url();
+    let prefix = unique("scale");
+    let queues: Vec<String> = (0..tenants).map(|n| format!("{prefix}.{n}")).collect();
+    let configs: Vec<TenantToml> = queues
+        .iter()
+        .enumerate()
+        .map(|(n, q)| {
+            TenantToml::new(
+                &format!("tenant-{n}"),
+                vec![MountToml::new("m", "fixture_script", q).with("concurrency = 2")],
+            )
+        })
+        .collect();
+    let text = tenants_text(&url, "", &configs);
+    let started = Instant::now();
+    let mut host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    let start = started.elapsed();
+    let mut client = Client::connect(&url).await?;
+    let served = Instant::now();
+    for q in &queues {
+        client.publish(q, TestMessage::new(q, "x")).await?;
+    }
+    for q in &queues {
+        let handled = host.handled(q).await?;
+        anyhow::ensure!(
+            handled.disposition == Some(Disposition::Accepted),
+            "{handled:?}"
+        );
+    }
+    let first_messages = served.elapsed();
+    let resident_bytes = resident_bytes()?;
+    host.stop().await?;
+    client.close().await;
+    Ok(ManyTenants {
+        tenants,
+        start,
+        first_messages,
+        resident_bytes,
+    })
+}
+
+/// This process's resident set size.
+fn resident_bytes() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/self/status"))?;
+    Ok(kib * 1024)
+}

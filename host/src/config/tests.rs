@@ -161,3 +161,130 @@ fn missing_broker_is_refused() {
     let e = error("[[tenant]]\nname = \"a\"\n");
     assert!(e.contains("missing field `broker`"), "{e}");
 }
+
+#[test]
+fn grants_and_instance_reuse_parse() {
+    let config = parse(&format!(
+        "{GOOD}instance = \"reuse\"\ninstance_max_uses = 50\ninstance_max_idle = \"5s\"\n\
+         [tenant.mount.grants]\nclocks = true\nenv = {{ REGION = \"eu\" }}\noutput = \"drop\"\n"
+    ))
+    .expect("valid config");
+    let (_, mount) = config.mounts().next().expect("one mount");
+    assert_eq!(
+        mount.instance,
+        InstancePolicy::Reuse {
+            max_uses: 50,
+            max_idle: Duration::from_secs(5)
+        }
+    );
+    assert!(mount.grants.clocks);
+    assert!(!mount.grants.random);
+    assert_eq!(
+        mount.grants.env.get("REGION").map(String::as_str),
+        Some("eu")
+    );
+    assert_eq!(mount.grants.output, Output::Drop);
+}
+
+#[test]
+fn nothing_is_granted_and_instances_are_fresh_by_default() {
+    let config = parse(GOOD).expect("valid config");
+    let (_, mount) = config.mounts().next().expect("one mount");
+    assert_eq!(mount.grants, Grants::default());
+    assert_eq!(mount.instance, InstancePolicy::PerDelivery);
+}
+
+#[test]
+fn reuse_settings_without_reuse_are_refused() {
+    let e = error(&format!("{GOOD}instance_max_uses = 5\n"));
+    assert!(
+        e.contains("`instance_max_uses` only applies with `instance = \"reuse\"`"),
+        "{e}"
+    );
+    let line = GOOD.matches('\n').count() + 1;
+    assert!(e.contains(&format!("line {line}")), "{e}");
+}
+
+#[test]
+fn unknown_grants_are_refused() {
+    let e = error(&format!("{GOOD}[tenant.mount.grants]\nnetwork = true\n"));
+    assert!(e.contains("unknown field `network`"), "{e}");
+}
+
+const TWO_TENANTS: &str = r#"
+[broker]
+url = "amqp://127.0.0.1"
+[admin]
+listen = "127.0.0.1:9090"
+
+[[tenant]]
+name = "a"
+max_running = 4
+max_memory = "128MiB"
+max_pending_copies = 100
+[[tenant.mount]]
+name = "m"
+module = "handlers/orders.wasm"
+address = "a.q"
+dead_letter = "a.dlq"
+
+[[tenant]]
+name = "b"
+[tenant.broker]
+url = "amqp://other:5672"
+container_id = "b"
+[[tenant.mount]]
+name = "m"
+module = "handlers/orders.wasm"
+address = "b.q"
+"#;
+
+#[test]
+fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
+    let config = parse(TWO_TENANTS).expect("valid config");
+    assert_eq!(
+        config.admin.map(|a| a.listen.to_string()).as_deref(),
+        Some("127.0.0.1:9090")
+    );
+    let a = &config.tenants[0];
+    assert_eq!(
+        a.budget,
+        TenantBudget {
+            max_running: Some(4),
+            max_memory: Some(128 << 20),
+            max_pending_copies: Some(100),
+        }
+    );
+    assert_eq!(a.broker, None);
+    let b = &config.tenants[1];
+    assert_eq!(b.budget, TenantBudget::default());
+    assert_eq!(
+        b.broker.as_ref().map(|b| b.url.as_str()),
+        Some("amqp://other:5672")
+    );
+    assert!(b.mount("m").is_some());
+}
+
+#[test]
+fn tenants_cannot_share_an_address_on_one_broker() {
+    let e = error(
+        &TWO_TENANTS
+            .replace(
+                "[tenant.broker]\nurl = \"amqp://other:5672\"\ncontainer_id = \"b\"\n",
+                "",
+            )
+            .replace("address = \"b.q\"", "address = \"a.dlq\""),
+    );
+    assert!(
+        e.contains("tenant `b`, mount `m`: address `a.dlq` already belongs to tenant `a`"),
+        "{e}"
+    );
+    // On different brokers the same name is a different node.
+    parse(&TWO_TENANTS.replace("address = \"b.q\"", "address = \"a.q\"")).expect("valid config");
+}
+
+#[test]
+fn a_mount_larger_than_its_tenants_memory_budget_is_refused() {
+    let e = error(&TWO_TENANTS.replace("dead_letter = \"a.dlq\"", "memory = \"256MiB\""));
+    assert!(e.contains("larger than the tenant's `max_memory`"), "{e}");
+}

@@ -1,0 +1,198 @@
+//! One contract, every language: the `flaky` example in Rust, C, Go,
+//! JavaScript and Python gets the same results on the broker; `wharf new`
+//! projects build and run in each; instance reuse keeps state within a
+//! mount only.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use fe2o3_amqp::types::primitives::SimpleValue;
+use wharf::events::Handled;
+use wharf::settlement::Disposition;
+
+use crate::client::TestMessage;
+use crate::shutdown::wharf_binary;
+use crate::tenants::start_tenants;
+use crate::{MountToml, TenantToml, repo_root, start_with_client, unique, wait_for_count};
+
+/// The `flaky` example in each language, with the grants its runtime needs.
+const FLAKY: &[(&str, &[&str])] = &[
+    ("flaky", &[]),
+    ("flaky_c", &[]),
+    // The Go runtime reads the clock and random bytes as it starts.
+    ("flaky_go", &["clocks = true", "random = true"]),
+    ("flaky_js", &[]),
+    ("flaky_js_qjs", &[]),
+    ("flaky_python", &[]),
+];
+
+/// What happened to one delivery, as the broker saw it.
+type Step = (u32, String, Option<Disposition>, String);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flaky_example_settles_alike_in_every_language() -> anyhow::Result<()> {
+    let queues: Vec<String> = FLAKY.iter().map(|(name, _)| unique(name)).collect();
+    let tenants: Vec<TenantToml> = FLAKY
+        .iter()
+        .zip(&queues)
+        .map(|((name, grants), q)| {
+            let mut mount = MountToml::new("flaky", name, q)
+                .with("max_attempts = 3")
+                .with(&format!("dead_letter = \"{q}.dlq\""))
+                .with("timeout = \"60s\"")
+                .with("[tenant.mount.grants]");
+            for grant in *grants {
+                mount = mount.with(grant);
+            }
+            TenantToml::new(name, vec![mount])
+        })
+        .collect();
+    let (mut host, mut client) = start_tenants("", &tenants).await?;
+    // (body, deliveries it takes, delay-ms property)
+    let messages = [("ok", 1), ("bad", 1), ("retry", 3), ("later", 3)];
+    for q in &queues {
+        for (body, _) in messages {
+            let message = TestMessage::new(&format!("{q}.{body}"), body)
+                .header(0)
+                .property("delay-ms", SimpleValue::String("300".into()));
+            client.publish(q, message).await?;
+        }
+    }
+    let mut results: BTreeMap<&str, BTreeMap<&str, Vec<Step>>> = BTreeMap::new();
+    for ((name, _), q) in FLAKY.iter().zip(&queues) {
+        for (body, deliveries) in messages {
+            let handled = host.handled_n(&format!("{q}.{body}"), deliveries).await?;
+            let steps = handled.iter().map(step).collect();
+            results.entry(name).or_default().insert(body, steps);
+        }
+    }
+    let rust = results["flaky"].clone();
+    assert_eq!(
+        rust["retry"].last().map(|s| s.3.as_str()),
+        Some("Some(DeadLetter)"),
+        "{rust:?}"
+    );
+    for (name, result) in &results {
+        assert_eq!(*result, rust, "{name} differs from Rust");
+    }
+    host.stop().await?;
+    for q in &queues {
+        // `retry` and `later` reached the limit: both on the dead-letter
+        // address, exactly as they arrived.
+        let dla = format!("{q}.dlq");
+        wait_for_count(&dla, 2, async || client.artemis_count(&dla).await).await?;
+        wait_for_count(q, 0, async || client.artemis_count(q).await).await?;
+    }
+    client.close().await;
+    Ok(())
+}
+
+fn step(handled: &Handled) -> Step {
+    (
+        handled.attempt,
+        format!("{:?}", handled.outcome),
+        handled.disposition,
+        format!("{:?}", handled.plan.publish.map(publish_kind)),
+    )
+}
+
+/// The kind of publish, without the retry count and delay that differ by
+/// attempt.
+fn publish_kind(publish: wharf::settlement::Publish) -> &'static str {
+    match publish {
+        wharf::settlement::Publish::Copy { .. } => "Copy",
+        wharf::settlement::Publish::DeadLetter => "DeadLetter",
+    }
+}
+
+#[tokio::test]
+async fn instance_reuse_keeps_state_within_a_mount_and_never_across_mounts() -> anyhow::Result<()> {
+    let fresh = unique("per-delivery");
+    let reused = [unique("reuse-1"), unique("reuse-2")];
+    let mounts = [
+        MountToml::new("fresh", "fixture_script", &fresh).with("concurrency = 1"),
+        MountToml::new("reuse1", "fixture_script", &reused[0])
+            .with("concurrency = 1")
+            .with("instance = \"reuse\""),
+        MountToml::new("reuse2", "fixture_script", &reused[1])
+            .with("concurrency = 1")
+            .with("instance = \"reuse\""),
+    ];
+    let (mut host, mut client) = start_with_client(&crate::artemis_url(), &mounts).await?;
+    // `fresh` acks in an instance that never served before, drops otherwise.
+    let mut outcome = async |q: &str, n: u32| -> anyhow::Result<Option<Disposition>> {
+        let id = format!("{q}.{n}");
+        client
+            .publish(q, TestMessage::new(&id, "x").script("*:fresh"))
+            .await?;
+        Ok(host.handled(&id).await?.disposition)
+    };
+    for n in 0..2 {
+        assert_eq!(outcome(&fresh, n).await?, Some(Disposition::Accepted));
+    }
+    for q in &reused {
+        // Each mount's first delivery gets a new instance, however busy the
+        // other mount's instance has been.
+        assert_eq!(outcome(q, 0).await?, Some(Disposition::Accepted));
+        assert_eq!(outcome(q, 1).await?, Some(Disposition::Rejected));
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+/// What a language's starter project needs to run under `wharf invoke`.
+const NEW_PROJECTS: &[(&str, &[&str])] = &[
+    ("rust", &[]),
+    ("c", &[]),
+    ("go", &["--grant", "clocks", "--grant", "random"]),
+    ("js", &[]),
+    ("python", &[]),
+];
+
+#[test]
+fn wharf_new_projects_build_and_run_in_every_language() -> anyhow::Result<()> {
+    let wharf = wharf_binary();
+    let root = std::env::temp_dir().join(unique("wharf-new"));
+    std::fs::create_dir_all(&root)?;
+    for (lang, grants) in NEW_PROJECTS {
+        let dir = root.join(format!("hello-{lang}"));
+        run(Command::new(&wharf).args(["new", "--lang", lang]).arg(&dir))?;
+        let component = root.join(format!("hello-{lang}.wasm"));
+        // The same build a new project's README gives, through the
+        // language's build script.
+        run(Command::new(repo_root().join("scripts/lang").join(lang))
+            .arg("build")
+            .arg(&dir)
+            .arg(&component)
+            .env("WHARF", &wharf))?;
+        let output = run(Command::new(&wharf)
+            .args(["invoke", "--body", "hello"])
+            .args(*grants)
+            .arg("--module")
+            .arg(&component))?;
+        assert_eq!(output.stdout.trim(), "ack", "{lang}: {output:?}");
+        assert!(
+            output.stderr.contains("attempt 1"),
+            "{lang}: the starter logs the attempt through the host: {output:?}"
+        );
+    }
+    std::fs::remove_dir_all(&root)?;
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Output {
+    stdout: String,
+    stderr: String,
+}
+
+fn run(command: &mut Command) -> anyhow::Result<Output> {
+    let output = command.output()?;
+    let result = Output {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    anyhow::ensure!(output.status.success(), "{command:?} failed: {result:?}");
+    Ok(result)
+}

@@ -1,0 +1,147 @@
+//! What a delivery costs in each guest language, with a fresh instance per
+//! delivery and with instance reuse, in the real sandbox (no broker): the
+//! `flaky` example built for every language, acking one small message.
+//! Costs are also given as ratios to Rust's fresh-instance cost measured in
+//! the same run.
+//!
+//! `cargo bench -p wharf-tests --bench handlers` (guests built first:
+//! `scripts/build-guests`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wharf::sandbox::{
+    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Outcome, Sandbox,
+};
+
+/// The example handlers, by language.
+const GUESTS: &[(&str, &str)] = &[
+    ("Rust", "flaky"),
+    ("C", "flaky_c"),
+    ("Go", "flaky_go"),
+    ("JavaScript (StarlingMonkey)", "flaky_js"),
+    ("JavaScript (QuickJS)", "flaky_js_qjs"),
+    ("Python", "flaky_python"),
+];
+
+/// Deliveries per measurement; enough to amortise the clock, few enough
+/// for Python's fresh instances.
+const DELIVERIES: u32 = 200;
+
+struct Row {
+    language: &'static str,
+    size: u64,
+    compile: Duration,
+    fresh: Duration,
+    reused: Duration,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for &(language, name) in GUESTS {
+        let path = wharf_tests::repo_root()
+            .join("build/guests")
+            .join(format!("{name}.wasm"));
+        if !path.is_file() {
+            eprintln!("skipping {language}: {} is not built", path.display());
+            continue;
+        }
+        // A sandbox per language, so each compile is cold.
+        let sandbox = Sandbox::new()?;
+        let started = Instant::now();
+        let module = sandbox.load(&path)?;
+        let compile = started.elapsed();
+        let instances = |policy| {
+            Arc::new(Instances::new(
+                module.clone(),
+                CallLimits {
+                    timeout: Duration::from_secs(30),
+                    memory: 256 << 20,
+                },
+                policy,
+                // Every toolchain's runtime may read clocks and random.
+                Grants {
+                    clocks: true,
+                    random: true,
+                    ..Grants::default()
+                },
+                Arc::new(LogTags {
+                    tenant: "bench".into(),
+                    mount: name.into(),
+                }),
+                None,
+                CpuLane::new(),
+            ))
+        };
+        let fresh = per_delivery(&instances(InstancePolicy::PerDelivery)).await?;
+        let reuse = InstancePolicy::Reuse {
+            max_uses: u32::MAX,
+            max_idle: Duration::from_secs(3600),
+        };
+        let reused = per_delivery(&instances(reuse)).await?;
+        rows.push(Row {
+            language,
+            size: std::fs::metadata(&path)?.len(),
+            compile,
+            fresh,
+            reused,
+        });
+    }
+    let baseline = rows
+        .first()
+        .map_or(Duration::from_micros(1), |row| row.fresh)
+        .as_secs_f64();
+    println!(
+        "| language | component | compile (cold) | per delivery, fresh instance | per delivery, reused | fresh vs Rust fresh |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {:.0} KB | {:.0} ms | {:.0} µs | {:.1} µs | {:.1}× |",
+            row.language,
+            row.size as f64 / 1000.0,
+            row.compile.as_secs_f64() * 1e3,
+            row.fresh.as_secs_f64() * 1e6,
+            row.reused.as_secs_f64() * 1e6,
+            row.fresh.as_secs_f64() / baseline
+        );
+    }
+    Ok(())
+}
+
+/// Mean cost of one delivery, after one warm-up delivery.
+async fn per_delivery(instances: &Arc<Instances>) -> anyhow::Result<Duration> {
+    let delivery = delivery();
+    call(instances, &delivery).await?;
+    let started = Instant::now();
+    for _ in 0..DELIVERIES {
+        call(instances, &delivery).await?;
+    }
+    Ok(started.elapsed() / DELIVERIES)
+}
+
+async fn call(instances: &Arc<Instances>, delivery: &Delivery) -> anyhow::Result<()> {
+    let (result, _) = instances.reserve().await.call(delivery).await;
+    match result {
+        Ok(Outcome::Ack) => Ok(()),
+        other => anyhow::bail!("expected ack, got {other:?}"),
+    }
+}
+
+fn delivery() -> Delivery {
+    Delivery {
+        body: b"ok".to_vec(),
+        content_type: Some("text/plain".into()),
+        subject: None,
+        message_id: Some("bench".into()),
+        correlation_id: None,
+        reply_to: None,
+        properties: Vec::new(),
+        address: "bench".into(),
+        tenant: "bench".into(),
+        mount: "bench".into(),
+        attempt: 1,
+        presettled: false,
+    }
+}
