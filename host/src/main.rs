@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::config::Config;
@@ -234,13 +235,28 @@ fn describe(outcome: wharf::sandbox::Outcome) -> String {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let mut host = Host::load(config)?.start().await?;
-    tracing::info!("running; stop with Ctrl-C or SIGTERM");
-    let failed: Option<HostError> = tokio::select! {
-        signal = stop_signal() => {
-            tracing::info!("{signal}: stopping");
-            None
+    tracing::info!("running; stop with Ctrl-C or SIGTERM, reload the config with SIGHUP");
+    // Listening from the start, so a signal during a reload is not missed.
+    let listen = |kind| signal(kind).context("cannot listen for signals");
+    let mut interrupts = listen(SignalKind::interrupt())?;
+    let mut terms = listen(SignalKind::terminate())?;
+    let mut hangups = listen(SignalKind::hangup())?;
+    let failed: Option<HostError> = loop {
+        tokio::select! {
+            _ = interrupts.recv() => {
+                tracing::info!("SIGINT: stopping");
+                break None;
+            }
+            _ = terms.recv() => {
+                tracing::info!("SIGTERM: stopping");
+                break None;
+            }
+            error = host.failed() => break Some(error),
+            _ = hangups.recv() => {
+                tracing::info!("SIGHUP: reloading the config");
+                host.reload().await;
+            }
         }
-        error = host.failed() => Some(error),
     };
     let stopped = host.shutdown().await;
     if let Some(error) = failed {
@@ -249,19 +265,4 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     stopped?;
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return "SIGINT";
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
-    }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use wharf::config::Config;
-use wharf::events::Event;
+use wharf::events::{ConfigChange, Event};
 use wharf::settlement::Disposition;
 
 use crate::client::{Client, TestMessage};
@@ -192,15 +192,20 @@ fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     std::sync::Arc::default()
 }
 
-async fn config_reloaded(host: &mut TestHost) -> anyhow::Result<wharf::events::ConfigChange> {
-    let change = host
-        .next(|e| match e {
-            Event::ConfigReloaded(change) => Some(change.clone()),
-            _ => None,
-        })
-        .await?;
+/// The next config reload, which must have succeeded.
+async fn config_reloaded(host: &mut TestHost) -> anyhow::Result<ConfigChange> {
+    let change = config_change(host).await?;
     anyhow::ensure!(change.error.is_none(), "{change:?}");
     Ok(change)
+}
+
+/// The next config reload, whatever its result.
+async fn config_change(host: &mut TestHost) -> anyhow::Result<ConfigChange> {
+    host.next(|e| match e {
+        Event::ConfigReloaded(change) => Some(change.clone()),
+        _ => None,
+    })
+    .await
 }
 
 #[tokio::test]
@@ -231,12 +236,7 @@ async fn a_module_that_does_not_load_leaves_the_old_one_serving() -> anyhow::Res
     );
     // A config that does not load changes nothing either.
     files.replace("wharf.toml", b"[broker]\nurl = 5\n")?;
-    let change = host
-        .next(|e| match e {
-            Event::ConfigReloaded(change) => Some(change.clone()),
-            _ => None,
-        })
-        .await?;
+    let change = config_change(&mut host).await?;
     assert!(change.error.is_some_and(|e| e.contains("wharf.toml")));
     client
         .publish(&queue, TestMessage::new(&queue, "y"))

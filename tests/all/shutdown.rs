@@ -118,12 +118,7 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
     wharf
         .wait_for_log("\"disposition\":\"Some(Rejected)\"")
         .await?;
-    let pid = wharf.child.id().context("running")?;
-    let status = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await?;
-    assert!(status.success());
+    signal(&wharf, "-TERM").await?;
     let exit = tokio::time::timeout(DEADLINE, wharf.child.wait()).await??;
     assert!(exit.success(), "wharf exited with {exit}");
     // The ten-minute copy was published at stop, not lost.
@@ -132,6 +127,38 @@ async fn sigterm_publishes_pending_delayed_copies_and_exits_cleanly() -> anyhow:
     assert!(copy.header.is_none());
     assert_eq!(retry_count(&copy), Some(1));
     watch.close().await;
+    client.close().await;
+    Ok(())
+}
+
+/// Sends `signal` (`-TERM`, `-HUP`) to the wharf process.
+async fn signal(wharf: &WharfProcess, signal: &str) -> anyhow::Result<()> {
+    let pid = wharf.child.id().context("running")?;
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_config_and_the_mounts_keep_serving() -> anyhow::Result<()> {
+    let q = unique("sighup");
+    let mut wharf = WharfProcess::start(&[MountToml::new("m", "fixture_script", &q)]).await?;
+    // The file did not change: only the signal can make this reload.
+    signal(&wharf, "-HUP").await?;
+    wharf.wait_for_log("SIGHUP: reloading the config").await?;
+    let reloaded = wharf.wait_for_log("config reloaded").await?;
+    assert!(reloaded.contains("\"added\":\"[]\""), "{reloaded}");
+    let mut client = Client::connect(&artemis_url()).await?;
+    client.publish(&q, TestMessage::new(&q, "x")).await?;
+    wharf
+        .wait_for_log("\"disposition\":\"Some(Accepted)\"")
+        .await?;
+    signal(&wharf, "-TERM").await?;
+    let exit = tokio::time::timeout(DEADLINE, wharf.child.wait()).await??;
+    assert!(exit.success(), "wharf exited with {exit}");
     client.close().await;
     Ok(())
 }

@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::sandbox::LogTags;
 use crate::settlement::{Disposition, Outcome};
@@ -60,17 +60,40 @@ impl Metrics {
     /// Registers every metric, all at zero.
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("wharf");
-        let deliveries = Family::default();
-        registry.register(
+        let deliveries = registered(
+            &mut registry,
             "deliveries",
             "Deliveries handled, by the outcome the plan was made from and the disposition sent (none: at-most-once or not settled)",
-            deliveries.clone(),
         );
-        let failures = Family::default();
-        registry.register(
+        let failures = registered(
+            &mut registry,
             "handler_failures",
             "Handler calls that produced no outcome (each settled as retry), by kind",
-            failures.clone(),
+        );
+        let copies_pending = registered(
+            &mut registry,
+            "copies_pending",
+            "Delayed copies waiting for their time",
+        );
+        let copies_published = registered(
+            &mut registry,
+            "copies_published",
+            "Copies the host published to a subscription address, by result",
+        );
+        let dead_letters = registered(
+            &mut registry,
+            "dead_letters",
+            "Deliveries published to a mount's dead-letter address",
+        );
+        let module_reloads = registered(
+            &mut registry,
+            "module_reloads",
+            "Module files reloaded after a change, by result (error: the old module keeps serving)",
+        );
+        let output_dropped = registered(
+            &mut registry,
+            "handler_output_dropped_bytes",
+            "Bytes of handler stdout and stderr over the per-delivery allowance, dropped",
         );
         let duration = Family::<MountLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0001, 4.0, 10))
@@ -80,41 +103,10 @@ impl Metrics {
             "Time from the start of a handler call to its outcome, instantiation included",
             duration.clone(),
         );
-        let copies_pending = Family::default();
-        registry.register(
-            "copies_pending",
-            "Delayed copies waiting for their time",
-            copies_pending.clone(),
-        );
-        let copies_published = Family::default();
-        registry.register(
-            "copies_published",
-            "Copies the host published to a subscription address, by result",
-            copies_published.clone(),
-        );
-        let dead_letters = Family::default();
-        registry.register(
-            "dead_letters",
-            "Deliveries published to a mount's dead-letter address",
-            dead_letters.clone(),
-        );
-        let module_reloads = Family::default();
-        registry.register(
-            "module_reloads",
-            "Module files reloaded after a change, by result (error: the old module keeps serving)",
-            module_reloads.clone(),
-        );
-        let output_dropped = Family::default();
-        registry.register(
-            "handler_output_dropped_bytes",
-            "Bytes of handler stdout and stderr over the per-delivery allowance, dropped",
-            output_dropped.clone(),
-        );
-        let mounts_running = Gauge::default();
-        registry.register(
+        let mounts_running = registered(
+            &mut registry,
             "mounts_running",
             "Mounts attached and taking deliveries",
-            mounts_running.clone(),
         );
         Arc::new(Metrics {
             registry,
@@ -153,6 +145,13 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         text
     }
+}
+
+/// A new metric, registered.
+fn registered<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// The metrics of one mount, labels filled in.
