@@ -129,6 +129,31 @@ async fn max_memory_holds_a_tenant_to_its_budget_and_loses_nothing() -> anyhow::
 }
 
 #[tokio::test]
+async fn an_idle_mount_holds_none_of_its_tenants_budget() -> anyhow::Result<()> {
+    let idle = unique("idle");
+    let busy = unique("busy");
+    let mounts = vec![
+        MountToml::new("idle", SCRIPT, &idle).with("memory = \"16MiB\""),
+        MountToml::new("busy", SCRIPT, &busy).with("memory = \"16MiB\""),
+    ];
+    let tenant = TenantToml::new("t", mounts)
+        .with("max_running = 1")
+        .with("max_memory = \"16MiB\"");
+    let (mut host, mut client) = start_tenants("", &[tenant]).await?;
+    for n in 0..3 {
+        let id = format!("{busy}.{n}");
+        client.publish(&busy, TestMessage::new(&id, "x")).await?;
+        assert_eq!(
+            host.handled(&id).await?.disposition,
+            Some(Disposition::Accepted)
+        );
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn max_pending_copies_holds_back_deliveries_until_copies_are_out() -> anyhow::Result<()> {
     let q = unique("copies");
     let mount = MountToml::new("m", SCRIPT, &q).with("concurrency = 8");

@@ -1,7 +1,7 @@
-//! A tenant's budgets at run time, shared by all its mounts. A mount waits
-//! for room before it takes a delivery off its link, so reaching a budget
-//! slows the tenant down (its prefetched credit is not renewed) and never
-//! fails or loses a delivery.
+//! A tenant's budgets at run time, shared by all its mounts. A delivery
+//! waits for room before its handler runs; a mount whose deliveries wait
+//! takes no more off its link (its credit is not renewed), so reaching a
+//! budget slows the tenant down and never fails or loses a delivery.
 
 use std::sync::Arc;
 

@@ -1,8 +1,6 @@
 //! One mount at work: take deliveries off its link, run the handler on each,
 //! carry out the settlement plan, and stop without losing anything.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -13,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::budget::{Admission, TenantLimits};
+use super::budget::TenantLimits;
 use super::delayed::DelayedCopies;
 use crate::admin::MountMetrics;
 use crate::broker::message::{self, AmqpMessage, DeliveryContext};
@@ -95,14 +93,6 @@ struct MountContext {
     /// warn level yet; later ones go to debug.
     unsupported_warned: AtomicBool,
 }
-
-/// Room for one delivery and an instance to run it in.
-struct Ready {
-    admission: Admission,
-    instance: Reserved,
-}
-
-type Admitting = Pin<Box<dyn Future<Output = Ready> + Send>>;
 
 /// A mount whose links are attached, ready to run.
 pub(crate) struct AttachedMount {
@@ -214,15 +204,10 @@ impl AttachedMount {
         let mut handlers = JoinSet::new();
         let concurrency = context.config.concurrency as usize;
         let mut prune = tokio::time::interval(PRUNE_EVERY);
-        // A delivery is taken off the link only once there is room for it
-        // (the mount's concurrency, the tenant's budgets, an instance): until
-        // then the link's credit is not renewed and the broker holds back.
-        let mut admitting: Option<Admitting> = None;
-        let mut ready: Option<Ready> = None;
+        // At most `concurrency` deliveries are taken off the link at once;
+        // each then waits for room in its tenant's budgets. While they wait
+        // the link's credit is not renewed, so the broker holds back.
         let failure = loop {
-            if ready.is_none() && admitting.is_none() && handlers.len() < concurrency {
-                admitting = Some(Box::pin(make_room(context.clone())));
-            }
             tokio::select! {
                 biased;
                 Some(request) = inbox.recv() => answer(&subscription, request).await,
@@ -231,22 +216,16 @@ impl AttachedMount {
                 }
                 () = stop.cancelled() => break None,
                 _ = prune.tick() => context.module.current().prune_idle(),
-                room = wait(&mut admitting) => {
-                    admitting = None;
-                    ready = Some(room);
-                }
-                inbound = subscription.recv(), if ready.is_some() => match inbound {
+                inbound = subscription.recv(), if handlers.len() < concurrency => match inbound {
                     Ok(inbound) => {
-                        let room = ready.take().expect("guarded by the branch condition");
                         let context = context.clone();
                         let settler = settler.clone();
-                        handlers.spawn(handle(context, settler, inbound, room));
+                        handlers.spawn(handle(context, settler, inbound));
                     }
                     Err(e) => break Some(e),
                 },
             }
         };
-        drop((admitting, ready));
         drain(
             &subscription,
             &mut inbox,
@@ -268,23 +247,6 @@ impl AttachedMount {
         context.delayed.flush().await;
         publisher_task.close().await;
         failure.map_or(Ok(()), Err)
-    }
-}
-
-async fn make_room(context: Arc<MountContext>) -> Ready {
-    let admission = context.tenant.admit().await;
-    let instance = context.module.current().reserve().await;
-    Ready {
-        admission,
-        instance,
-    }
-}
-
-/// Resolves with the admission in progress; never when there is none.
-async fn wait(admitting: &mut Option<Admitting>) -> Ready {
-    match admitting {
-        Some(admitting) => admitting.await,
-        None => std::future::pending().await,
     }
 }
 
@@ -367,18 +329,11 @@ fn report_panic(joined: Result<(), tokio::task::JoinError>, tags: &LogTags) {
 }
 
 /// Runs the handler on one delivery and carries out the plan for its outcome.
-async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound, room: Ready) {
-    let Ready {
-        mut admission,
-        mut instance,
-    } = room;
-    // The module may have been replaced while this delivery was awaited:
-    // new deliveries run the new one.
-    let current = context.module.current();
-    if !Arc::ptr_eq(instance.instances(), &current) {
-        drop(instance);
-        instance = current.reserve().await;
-    }
+async fn handle(context: Arc<MountContext>, settler: Settler, inbound: Inbound) {
+    // Room in the tenant's budgets first, then an instance of the module
+    // current at that moment (it may be replaced while this one waits).
+    let mut admission = context.tenant.admit().await;
+    let instance = context.module.current().reserve().await;
     let module_version = instance.instances().module().version().clone();
     let Inbound { info, message } = inbound;
     let counters = message::counters(&message);
