@@ -401,3 +401,49 @@ async fn a_tenant_keeps_its_throughput_beside_a_tenant_whose_handlers_spin() -> 
     assert!(figures.ratio() >= 0.8, "{figures:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_tenant_whose_own_connection_fails_stops_alone_until_a_reload() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let shared = unique("shared");
+    let own = unique("own");
+    let tenants = [
+        TenantToml::new("shared", vec![MountToml::new("m", SCRIPT, &shared)]),
+        TenantToml::new("own", vec![MountToml::new("m", SCRIPT, &own)])
+            .with("[tenant.broker]")
+            .with(&format!("url = \"{url}\""))
+            .with(&format!("container_id = \"{}\"", unique("tenant-own"))),
+    ];
+    let config = std::env::temp_dir().join(format!("{}.toml", unique("own-connection")));
+    std::fs::write(&config, tenants_text(&url, "", &tenants))?;
+    let mut host = TestHost::start_config(Config::load(&config)?).await?;
+    let mut client = Client::connect(&url).await?;
+    client.artemis_close_consumer_connections(&own).await?;
+    let error = host
+        .next(|e| match e {
+            Event::MountStopped { tenant, error, .. } if &**tenant == "own" => Some(error.clone()),
+            _ => None,
+        })
+        .await?;
+    assert!(error.is_some(), "the link failed");
+    // The other tenant, on the shared connection, keeps serving.
+    client
+        .publish(&shared, TestMessage::new(&shared, "x"))
+        .await?;
+    assert_eq!(
+        host.handled(&shared).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    // A reload attaches the stopped tenant again.
+    let change = host.host().reload().await;
+    assert_eq!(change.added, ["own/m"], "{change:?}");
+    client.publish(&own, TestMessage::new(&own, "x")).await?;
+    assert_eq!(
+        host.handled(&own).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    host.stop().await?;
+    client.close().await;
+    std::fs::remove_file(&config)?;
+    Ok(())
+}

@@ -149,7 +149,10 @@ impl Client {
     /// asked of the broker's management address.
     pub async fn artemis_count(&mut self, queue: &str) -> anyhow::Result<u64> {
         let resource = format!("queue.{queue}");
-        let Some(text) = self.artemis_management(&resource, "countMessages").await? else {
+        let Some(text) = self
+            .artemis_management(&resource, "countMessages", "[]")
+            .await?
+        else {
             return Ok(0);
         };
         text.trim_matches(|c| c == '[' || c == ']')
@@ -160,9 +163,25 @@ impl Client {
     /// The routing types of an Artemis address, as the broker's JSON text.
     pub async fn artemis_routing_types(&mut self, address: &str) -> anyhow::Result<String> {
         let resource = format!("address.{address}");
-        self.artemis_management(&resource, "getRoutingTypesAsJSON")
+        self.artemis_management(&resource, "getRoutingTypesAsJSON", "[]")
             .await?
             .with_context(|| format!("no address {address}"))
+    }
+
+    /// Makes Artemis close every connection that consumes from `address`,
+    /// as a broker restart or a network failure would.
+    pub async fn artemis_close_consumer_connections(
+        &mut self,
+        address: &str,
+    ) -> anyhow::Result<()> {
+        self.artemis_management(
+            "broker",
+            "closeConsumerConnectionsForAddress",
+            &format!("[\"{address}\"]"),
+        )
+        .await?
+        .map(drop)
+        .with_context(|| format!("no broker to close the consumers of {address}"))
     }
 
     /// Calls a management operation on an Artemis resource; `None` when
@@ -171,6 +190,7 @@ impl Client {
         &mut self,
         resource: &str,
         operation: &str,
+        arguments: &str,
     ) -> anyhow::Result<Option<String>> {
         if self.management.is_none() {
             let replies = unique("test.replies");
@@ -190,7 +210,7 @@ impl Client {
                     .insert("_AMQ_OperationName", operation)
                     .build(),
             )
-            .value("[]")
+            .value(arguments)
             .build();
         sender.send(request).await?;
         let reply = tokio::time::timeout(DEADLINE, receiver.recv::<Body<Value>>())

@@ -124,9 +124,11 @@ impl Control {
                     if let Err(source) = result
                         && self.mounts.contains_key(&key)
                     {
-                        let (tenant, mount) = key;
-                        let _ = self.failures.send(HostError::Broker(MountError { tenant, mount, source }));
-                        break;
+                        let failure = MountError { tenant: key.0, mount: key.1, source };
+                        if !self.stop_tenant_after(&failure).await {
+                            let _ = self.failures.send(HostError::Broker(failure));
+                            break;
+                        }
                     }
                 }
             }
@@ -241,6 +243,31 @@ impl Control {
                 connection.close().await;
             }
         }
+    }
+
+    /// A link failed: if it was on the tenant's own connection, only that
+    /// tenant stops (until the next config reload attaches it again) and
+    /// `true` is returned; on the shared connection the host must stop.
+    async fn stop_tenant_after(&mut self, failure: &MountError<BrokerError>) -> bool {
+        let own_connection = self
+            .tenants
+            .get(&failure.tenant)
+            .is_some_and(|state| state.connection.is_some());
+        if !own_connection {
+            return false;
+        }
+        tracing::error!(
+            "{failure}; stopping tenant `{}` (its own connection) until the next config reload",
+            failure.tenant
+        );
+        let keys: Vec<MountKey> = self
+            .mounts
+            .keys()
+            .filter(|(tenant, _)| *tenant == failure.tenant)
+            .cloned()
+            .collect();
+        self.stop(&keys).await;
+        true
     }
 
     async fn stop_all(&mut self) {
