@@ -61,11 +61,6 @@ impl MemoryBudget {
         }
     }
 
-    /// Bytes not held by any instance.
-    pub fn available(&self) -> u64 {
-        self.pages.available_permits() as u64 * PAGE
-    }
-
     async fn reserve(&self, bytes: u64) -> OwnedSemaphorePermit {
         let pages = u32::try_from(bytes.div_ceil(PAGE)).unwrap_or(u32::MAX);
         self.pages
@@ -197,8 +192,8 @@ impl Instances {
             }
             other => other,
         };
-        // An instance that failed may be in any state: never reuse it.
         instance.uses += 1;
+        // An instance that failed may be in any state: never reuse it.
         let held = if result.is_ok() {
             self.keep(instance)
         } else {
@@ -239,11 +234,6 @@ impl Instances {
     /// the last time this was asked.
     pub fn take_output_dropped(&self) -> u64 {
         self.setup.take_output_dropped()
-    }
-
-    /// How many instances are kept for reuse.
-    pub fn idle(&self) -> usize {
-        self.idle_list().len()
     }
 
     fn take_idle(&self) -> Option<Instance> {

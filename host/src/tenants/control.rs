@@ -356,24 +356,15 @@ impl Control {
     }
 
     async fn apply(&mut self, config: Config) -> ConfigChange {
-        let sandbox = self.sandbox.clone();
-        let checked = config.clone();
-        let modules =
-            match tokio::task::spawn_blocking(move || load_modules(&sandbox, &checked)).await {
-                Ok(Ok(modules)) => modules,
-                Ok(Err(errors)) => {
-                    return ConfigChange {
-                        error: Some(super::join_lines(&errors)),
-                        ..ConfigChange::default()
-                    };
-                }
-                Err(e) => {
-                    return ConfigChange {
-                        error: Some(e.to_string()),
-                        ..ConfigChange::default()
-                    };
-                }
-            };
+        let modules = match self.compile(&config).await {
+            Ok(modules) => modules,
+            Err(error) => {
+                return ConfigChange {
+                    error: Some(error),
+                    ..ConfigChange::default()
+                };
+            }
+        };
         if (&config.broker, &config.host, &config.admin)
             != (&self.config.broker, &self.config.host, &self.config.admin)
         {
@@ -387,20 +378,7 @@ impl Control {
                 (tenant, mount, module),
             );
         }
-        let changed_tenants: Vec<String> = self
-            .tenants
-            .iter()
-            .filter(|(name, state)| {
-                config
-                    .tenants
-                    .iter()
-                    .find(|t| &t.name == *name)
-                    .is_none_or(|t| {
-                        (&t.broker, t.budget) != (&state.config.broker, state.config.budget)
-                    })
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
+        let changed_tenants = self.changed_tenants(&config);
         let mut stopping = Vec::new();
         for (key, running) in &self.mounts {
             let label = format!("{}/{}", key.0, key.1);
@@ -446,6 +424,35 @@ impl Control {
         self.config = config;
         self.watch_files();
         change
+    }
+
+    /// Every module of `config`, compiled off the async runtime.
+    async fn compile(&self, config: &Config) -> Result<Vec<Module>, String> {
+        let sandbox = self.sandbox.clone();
+        let config = config.clone();
+        match tokio::task::spawn_blocking(move || load_modules(&sandbox, &config)).await {
+            Ok(Ok(modules)) => Ok(modules),
+            Ok(Err(errors)) => Err(super::join_lines(&errors)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Running tenants that `config` removes or gives another budget or
+    /// broker.
+    fn changed_tenants(&self, config: &Config) -> Vec<String> {
+        self.tenants
+            .iter()
+            .filter(|(name, state)| {
+                config
+                    .tenants
+                    .iter()
+                    .find(|t| &t.name == *name)
+                    .is_none_or(|t| {
+                        (&t.broker, t.budget) != (&state.config.broker, state.config.budget)
+                    })
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     fn watch_files(&mut self) {
