@@ -243,6 +243,15 @@ fn default_container_id() -> String {
     format!("wharf-{host}-{}", std::process::id())
 }
 
+/// A tenant's broker, its container id made unique to the tenant when left
+/// at the default: brokers may refuse a second connection with the same id.
+fn own_connection(mut broker: Broker, tenant: &str) -> Broker {
+    if broker.container_id == default_container_id() {
+        broker.container_id = format!("{}-{tenant}", broker.container_id);
+    }
+    broker
+}
+
 fn default_grace() -> Duration {
     Duration::from_secs(30)
 }
@@ -395,14 +404,19 @@ impl Config {
                         ),
                     ));
                 }
-                if let Some(max_memory) = &tenant.max_memory
-                    && let Some(memory) = &mount.memory
-                    && memory.get_ref() > max_memory.get_ref()
-                {
-                    return Err(checker.invalid(
-                        memory,
-                        format!("{here}: `memory` is larger than the tenant's `max_memory`"),
-                    ));
+                // An instance that can never fit would wait for room forever.
+                if let Some(max_memory) = &tenant.max_memory {
+                    let memory = mount.memory.as_ref().map(|m| (*m.get_ref(), m.span()));
+                    let (bytes, span) =
+                        memory.unwrap_or((Mount::DEFAULT_MEMORY, max_memory.span()));
+                    if bytes > *max_memory.get_ref() {
+                        return Err(checker.invalid(
+                            &Spanned::new(span, ()),
+                            format!(
+                                "{here}: `memory` ({bytes} bytes) is larger than the tenant's `max_memory`"
+                            ),
+                        ));
+                    }
                 }
                 let addresses = std::iter::once(&mount.address).chain(&mount.dead_letter);
                 for address in addresses {
@@ -421,8 +435,10 @@ impl Config {
                 mounts.push(checker.mount(&here, base, mount)?);
             }
             tenants.push(Tenant {
+                broker: tenant
+                    .broker
+                    .map(|broker| own_connection(broker, &tenant_name)),
                 name: tenant_name,
-                broker: tenant.broker,
                 budget,
                 mounts,
             });

@@ -287,4 +287,17 @@ fn tenants_cannot_share_an_address_on_one_broker() {
 fn a_mount_larger_than_its_tenants_memory_budget_is_refused() {
     let e = error(&TWO_TENANTS.replace("dead_letter = \"a.dlq\"", "memory = \"256MiB\""));
     assert!(e.contains("larger than the tenant's `max_memory`"), "{e}");
+    // The default `memory` counts too.
+    let e = error(&TWO_TENANTS.replace("max_memory = \"128MiB\"", "max_memory = \"32MiB\""));
+    assert!(e.contains("`memory` (67108864 bytes) is larger"), "{e}");
+}
+
+#[test]
+fn a_tenant_connection_gets_a_container_id_of_its_own() {
+    let config = parse(&TWO_TENANTS.replace("container_id = \"b\"\n", "")).expect("valid config");
+    let own = config.tenants[1].broker.as_ref().expect("own broker");
+    assert_eq!(
+        own.container_id,
+        format!("{}-b", config.broker.container_id)
+    );
 }
