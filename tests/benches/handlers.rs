@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wharf::authoring::InvokeInput;
 use wharf::sandbox::{
     CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Outcome, Sandbox,
 };
@@ -130,18 +131,9 @@ async fn call(instances: &Arc<Instances>, delivery: &Delivery) -> anyhow::Result
 }
 
 fn delivery() -> Delivery {
-    Delivery {
+    InvokeInput {
         body: b"ok".to_vec(),
-        content_type: Some("text/plain".into()),
-        subject: None,
-        message_id: Some("bench".into()),
-        correlation_id: None,
-        reply_to: None,
-        properties: Vec::new(),
-        address: "bench".into(),
-        tenant: "bench".into(),
-        mount: "bench".into(),
-        attempt: 1,
-        presettled: false,
+        ..InvokeInput::default()
     }
+    .delivery()
 }

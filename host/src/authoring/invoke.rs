@@ -23,32 +23,40 @@ pub struct InvokeInput {
     pub grants: Grants,
 }
 
+impl InvokeInput {
+    /// The delivery a handler sees for this input, on a made-up address,
+    /// tenant and mount all called `invoke`.
+    pub fn delivery(&self) -> Delivery {
+        Delivery {
+            body: self.body.clone(),
+            content_type: None,
+            subject: None,
+            message_id: Some("invoke-1".to_owned()),
+            correlation_id: None,
+            reply_to: None,
+            properties: self
+                .properties
+                .iter()
+                .map(|(key, value)| Property {
+                    key: key.clone(),
+                    value: Value::String(value.clone()),
+                })
+                .collect(),
+            address: "invoke".to_owned(),
+            tenant: "invoke".to_owned(),
+            mount: "invoke".to_owned(),
+            attempt: self.attempt.max(1),
+            presettled: false,
+        }
+    }
+}
+
 /// Loads `module` and runs one delivery through it with the default mount
 /// limits; the load error, or the handler's outcome or failure.
 pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<Outcome, Failure>> {
     let sandbox = Sandbox::new()?;
     let module = sandbox.load(module)?;
-    let delivery = Delivery {
-        body: input.body,
-        content_type: None,
-        subject: None,
-        message_id: Some("invoke-1".to_owned()),
-        correlation_id: None,
-        reply_to: None,
-        properties: input
-            .properties
-            .into_iter()
-            .map(|(key, value)| Property {
-                key,
-                value: Value::String(value),
-            })
-            .collect(),
-        address: "invoke".to_owned(),
-        tenant: "invoke".to_owned(),
-        mount: "invoke".to_owned(),
-        attempt: input.attempt.max(1),
-        presettled: false,
-    };
+    let delivery = input.delivery();
     let limits = CallLimits {
         timeout: Mount::DEFAULT_TIMEOUT,
         memory: Mount::DEFAULT_MEMORY,

@@ -157,13 +157,6 @@ pub struct Tenant {
     pub mounts: Vec<Mount>,
 }
 
-impl Tenant {
-    /// The mount called `name`.
-    pub fn mount(&self, name: &str) -> Option<&Mount> {
-        self.mounts.iter().find(|m| m.name == name)
-    }
-}
-
 /// Limits on all of a tenant's mounts together, on top of each mount's own.
 /// Reaching one slows the tenant's links down; it never fails a delivery.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

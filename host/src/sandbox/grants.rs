@@ -6,7 +6,6 @@
 //! the mount would need.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use wasmtime::component::{HasData, Linker, Resource};
 use wasmtime_wasi::cli::WasiCliView as _;
@@ -53,15 +52,6 @@ pub struct Denied {
     pub function: &'static str,
     /// The grant key that would allow it.
     pub grant: &'static str,
-}
-
-impl fmt::Display for Output {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Output::Log => "log",
-            Output::Drop => "drop",
-        })
-    }
 }
 
 /// Replaces the stock WASI clocks, random and environment with versions

@@ -41,17 +41,6 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// Every kind, for metrics that list them all from the start.
-    pub const KINDS: [&'static str; 7] = [
-        "timeout",
-        "out-of-memory",
-        "stack-overflow",
-        "not-granted",
-        "trap",
-        "instantiate",
-        "invalid-outcome",
-    ];
-
     /// A short stable name for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -235,13 +235,18 @@ impl Control {
             .cloned()
             .collect();
         for tenant in idle {
-            if let Some(TenantState {
-                connection: Some(connection),
-                ..
-            }) = self.tenants.remove(&tenant)
-            {
-                connection.close().await;
-            }
+            self.forget_tenant(&tenant).await;
+        }
+    }
+
+    /// Drops a tenant's budget and closes its own connection, if it has one.
+    async fn forget_tenant(&mut self, tenant: &str) {
+        if let Some(TenantState {
+            connection: Some(connection),
+            ..
+        }) = self.tenants.remove(tenant)
+        {
+            connection.close().await;
         }
     }
 
@@ -395,14 +400,8 @@ impl Control {
         }
         self.stop(&stopping).await;
         // Tenants whose budget or broker changed start over with new ones.
-        for tenant in changed_tenants {
-            if let Some(TenantState {
-                connection: Some(connection),
-                ..
-            }) = self.tenants.remove(&tenant)
-            {
-                connection.close().await;
-            }
+        for tenant in &changed_tenants {
+            self.forget_tenant(tenant).await;
         }
         let mut errors = Vec::new();
         for (key, (tenant, mount, module)) in wanted {

@@ -98,11 +98,6 @@ impl Host {
         self.events.subscribe()
     }
 
-    /// The host's metrics.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
     /// Connects to the broker(s), attaches every mount and starts watching
     /// module files and the config file for changes.
     pub async fn start(self) -> Result<RunningHost, HostError> {
@@ -119,7 +114,6 @@ impl Host {
             None => None,
         };
         let events = self.events.clone();
-        let metrics = self.metrics.clone();
         let (control, failures) = Control::start(
             self.config,
             self.modules,
@@ -136,7 +130,6 @@ impl Host {
             failures,
             task,
             events,
-            metrics,
             admin,
         })
     }
@@ -172,7 +165,6 @@ pub struct RunningHost {
     failures: mpsc::UnboundedReceiver<HostError>,
     task: tokio::task::JoinHandle<()>,
     events: broadcast::Sender<Event>,
-    metrics: Arc<Metrics>,
     admin: Option<AdminServer>,
 }
 
@@ -180,11 +172,6 @@ impl RunningHost {
     /// Watches what the host does.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
-    }
-
-    /// The host's metrics.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     /// Where the admin listener listens, if the config asks for one.
