@@ -2,8 +2,27 @@
 //! `wharf run` console, tests, and metrics.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::settlement::{Counters, Disposition, Outcome, Plan};
+use crate::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, RetryPath};
+
+/// Where a mount's links stand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    /// Asking the broker for it.
+    Attaching,
+    /// Attached and working.
+    Up,
+    /// It failed or ended; the next attempt comes after `wait`.
+    BackingOff {
+        /// Why.
+        error: String,
+        /// Until the next attempt.
+        wait: Duration,
+    },
+    /// Asked to stop; it will not come back.
+    Stopped,
+}
 
 /// One thing that happened on a mount.
 #[derive(Debug, Clone)]
@@ -14,9 +33,32 @@ pub enum Event {
         tenant: Arc<str>,
         /// The mount.
         mount: Arc<str>,
-        /// Whether the broker takes `modified`; without it `retry` publishes
-        /// copies.
+        /// Whether the broker takes `modified`.
         modified_supported: bool,
+        /// How `retry` asks for another attempt on these links.
+        retry: RetryPath,
+        /// Where `retry-after` copies wait on these links.
+        delay: DelayPath,
+    },
+    /// The mount's links went down (the connection was lost, the broker
+    /// detached a link, an attach failed); it attaches again after a wait.
+    MountDown {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// Why.
+        error: String,
+    },
+    /// A delivery was settled without running the handler: it is not a
+    /// readable message, or it is larger than the mount takes.
+    Refused {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// Why.
+        reason: String,
     },
     /// A handler started on a delivery.
     Started {
@@ -29,10 +71,10 @@ pub enum Event {
         /// The attempt number the handler sees.
         attempt: u32,
     },
-    /// A delivery's outcome has been carried out (a delayed copy, if any, is
-    /// still pending and reported by [`Event::CopyPublished`]).
+    /// A delivery's outcome has been carried out: its copy or dead letter
+    /// (if any) published and its disposition sent.
     Handled(Handled),
-    /// A copy scheduled by `retry-after` (or an at-most-once retry) was
+    /// A copy (for `retry`, `retry-after`, or an at-most-once retry) was
     /// published, or failed to be.
     CopyPublished {
         /// The tenant.
@@ -67,8 +109,6 @@ pub enum Event {
         tenant: Arc<str>,
         /// The mount.
         mount: Arc<str>,
-        /// Why, when it was not asked to.
-        error: Option<String>,
     },
 }
 

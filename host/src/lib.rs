@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod authoring;
+pub mod backoff;
 pub mod broker;
 pub mod config;
 pub mod events;

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -11,7 +12,8 @@ use tracing_subscriber::EnvFilter;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::config::Config;
 use wharf::sandbox::{Grants, Output};
-use wharf::{Host, HostError};
+use wharf::Host;
+use wharf::broker::{Endpoint, SendOptions};
 
 #[derive(Parser)]
 #[command(
@@ -152,7 +154,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let loaded = Config::load(&config)?;
             let mounts = loaded.mounts().count();
             let tenants = loaded.tenants.len();
-            Host::load(loaded)?;
+            Host::load(loaded).await?;
             println!(
                 "{}: ok ({tenants} tenant(s), {mounts} mount(s), every module is a valid handler)",
                 config.display()
@@ -164,9 +166,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
             address,
             properties,
             bodies,
-        } => wharf::broker::send(&url, &address, &properties, &bodies)
-            .await
-            .context("send failed"),
+        } => {
+            let options = SendOptions {
+                endpoint: Endpoint::parse(&url).map_err(anyhow::Error::msg)?,
+                address,
+                properties,
+                timeout: Duration::from_secs(30),
+            };
+            wharf::broker::send(&options, &bodies)
+                .await
+                .context("send failed")
+        }
         Command::Invoke {
             module,
             body,
@@ -222,6 +232,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// Time to close connections beyond the shutdown grace period.
+const CLOSE_ALLOWANCE: Duration = Duration::from_secs(5);
+
 /// An outcome as `wharf invoke` prints it.
 fn describe(outcome: wharf::sandbox::Outcome) -> String {
     use wharf::sandbox::Outcome;
@@ -234,35 +247,43 @@ fn describe(outcome: wharf::sandbox::Outcome) -> String {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let mut host = Host::load(config)?.start().await?;
+    let grace = config.host.shutdown_grace;
+    let host = Host::load(config).await?.start().await?;
     tracing::info!("running; stop with Ctrl-C or SIGTERM, reload the config with SIGHUP");
     // Listening from the start, so a signal during a reload is not missed.
     let listen = |kind| signal(kind).context("cannot listen for signals");
     let mut interrupts = listen(SignalKind::interrupt())?;
     let mut terms = listen(SignalKind::terminate())?;
     let mut hangups = listen(SignalKind::hangup())?;
-    let failed: Option<HostError> = loop {
+    loop {
         tokio::select! {
             _ = interrupts.recv() => {
                 tracing::info!("SIGINT: stopping");
-                break None;
+                break;
             }
             _ = terms.recv() => {
                 tracing::info!("SIGTERM: stopping");
-                break None;
+                break;
             }
-            error = host.failed() => break Some(error),
             _ = hangups.recv() => {
                 tracing::info!("SIGHUP: reloading the config");
-                host.reload().await;
+                // A reload waits on brokers; a stop signal meanwhile is
+                // acted on at once.
+                tokio::select! {
+                    _ = host.reload() => {}
+                    _ = interrupts.recv() => { tracing::info!("SIGINT: stopping"); break; }
+                    _ = terms.recv() => { tracing::info!("SIGTERM: stopping"); break; }
+                }
             }
         }
-    };
-    let stopped = host.shutdown().await;
-    if let Some(error) = failed {
-        return Err(error.into());
     }
-    stopped?;
+    // Whatever a broker that does not answer holds up stays on the broker,
+    // unsettled: the stop never waits past the grace period and the time
+    // to close the connections.
+    let limit = grace + CLOSE_ALLOWANCE;
+    if tokio::time::timeout(limit, host.shutdown()).await.is_err() {
+        tracing::warn!(?limit, "stopping took too long; exiting, unsettled deliveries stay on the broker");
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,8 +1,11 @@
-//! A deliberately small HTTP/1.1 listener: `GET /metrics` and
-//! `GET /healthz`, one request per connection.
+//! A deliberately small HTTP/1.1 listener, one request per connection:
+//! `GET /metrics`, `GET /healthz` (liveness: the process is serving) and
+//! `GET /readyz` (readiness: every mount is attached; otherwise a JSON list
+//! of the mounts that are not, with their last error).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -11,26 +14,83 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+use crate::events::LinkState as State;
 
 /// The longest request head read; admin requests are one short line.
 const MAX_REQUEST: usize = 8 * 1024;
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Whether the host is serving: every mount attached and none failed.
+/// What the host reports about itself: whether it is alive, and where
+/// each mount stands.
 #[derive(Default)]
 pub struct Health {
     serving: AtomicBool,
+    mounts: Mutex<BTreeMap<(String, String), MountHealth>>,
+}
+
+/// One mount's state, as `/readyz` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MountHealth {
+    state: &'static str,
+    error: Option<String>,
 }
 
 impl Health {
-    /// Records whether the host is serving.
+    /// Records whether the host is serving (false once it is stopping).
     pub fn set_serving(&self, serving: bool) {
         self.serving.store(serving, Ordering::Relaxed);
     }
 
     fn serving(&self) -> bool {
         self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Records where a mount stands; a stopped mount is forgotten.
+    pub fn set_mount(&self, tenant: &str, mount: &str, state: &State) {
+        let key = (tenant.to_owned(), mount.to_owned());
+        let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        let last_error = mounts.get(&key).and_then(|m| m.error.clone());
+        let health = match state {
+            State::Attaching => MountHealth {
+                state: "attaching",
+                error: last_error,
+            },
+            State::Up => MountHealth {
+                state: "up",
+                error: None,
+            },
+            State::BackingOff { error, .. } => MountHealth {
+                state: "backing-off",
+                error: Some(error.clone()),
+            },
+            State::Stopped => {
+                mounts.remove(&key);
+                return;
+            }
+        };
+        mounts.insert(key, health);
+    }
+
+    /// Whether every mount is attached, and a JSON list of those that are
+    /// not.
+    fn readiness(&self) -> (bool, String) {
+        let mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting: Vec<serde_json::Value> = mounts
+            .iter()
+            .filter(|(_, m)| m.state != "up")
+            .map(|((tenant, mount), m)| {
+                serde_json::json!({
+                    "tenant": tenant,
+                    "mount": mount,
+                    "state": m.state,
+                    "last_error": m.error,
+                })
+            })
+            .collect();
+        let ready = self.serving() && waiting.is_empty();
+        let body = serde_json::json!({ "ready": ready, "not_ready": waiting });
+        (ready, format!("{body}\n"))
     }
 }
 
@@ -92,8 +152,12 @@ async fn answer(mut stream: TcpStream, metrics: Arc<Metrics>, health: Arc<Health
         "/healthz" => (
             "503 Service Unavailable",
             "text/plain",
-            "not serving\n".to_owned(),
+            "stopping\n".to_owned(),
         ),
+        "/readyz" => match health.readiness() {
+            (true, body) => ("200 OK", "application/json", body),
+            (false, body) => ("503 Service Unavailable", "application/json", body),
+        },
         _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
     };
     let head = format!(

@@ -54,6 +54,18 @@ pub struct Metrics {
     module_reloads: Family<ResultLabels, Counter>,
     output_dropped: Family<MountLabels, Counter>,
     mounts_running: Gauge,
+    links_up: Family<MountLabels, Gauge>,
+    link_failures: Family<MountLabels, Counter>,
+    abandoned: Family<MountLabels, Counter>,
+    refused: Family<MountLabels, Counter>,
+    broker_connections: Family<BrokerLabels, Gauge>,
+    broker_connections_lost: Family<BrokerLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BrokerLabels {
+    /// The tenant whose own broker it is, or `default` for the host's.
+    broker: String,
 }
 
 impl Metrics {
@@ -106,7 +118,37 @@ impl Metrics {
         let mounts_running = registered(
             &mut registry,
             "mounts_running",
-            "Mounts attached and taking deliveries",
+            "Mounts configured and supervised (attached or attaching)",
+        );
+        let links_up = registered(
+            &mut registry,
+            "link_up",
+            "1 while the mount's links are attached, 0 while it attaches or backs off",
+        );
+        let link_failures = registered(
+            &mut registry,
+            "link_failures",
+            "Times the mount's links went down (connection lost, link detached, attach failed)",
+        );
+        let abandoned = registered(
+            &mut registry,
+            "deliveries_abandoned",
+            "Deliveries in flight when their link died, left to the broker to redeliver",
+        );
+        let refused = registered(
+            &mut registry,
+            "deliveries_refused",
+            "Deliveries rejected without running the handler (undecodable or over max_message_size)",
+        );
+        let broker_connections = registered(
+            &mut registry,
+            "broker_connections",
+            "AMQP connections open to the broker",
+        );
+        let broker_connections_lost = registered(
+            &mut registry,
+            "broker_connections_lost",
+            "AMQP connections to the broker lost without being closed by wharf",
         );
         Arc::new(Metrics {
             registry,
@@ -119,7 +161,29 @@ impl Metrics {
             module_reloads,
             output_dropped,
             mounts_running,
+            links_up,
+            link_failures,
+            abandoned,
+            refused,
+            broker_connections,
+            broker_connections_lost,
         })
+    }
+
+    /// Records what a broker pool reports: `broker` is the tenant owning it,
+    /// or `default`.
+    pub fn broker(&self, broker: &str, connections: usize, lost: u64) {
+        let labels = BrokerLabels {
+            broker: broker.to_owned(),
+        };
+        self.broker_connections
+            .get_or_create(&labels)
+            .set(i64::try_from(connections).unwrap_or(i64::MAX));
+        let counter = self.broker_connections_lost.get_or_create(&labels);
+        let counted = counter.get();
+        if lost > counted {
+            counter.inc_by(lost - counted);
+        }
     }
 
     /// The metrics of one mount.
@@ -206,6 +270,33 @@ impl MountMetrics {
                 .get_or_create(&self.labels)
                 .inc_by(bytes);
         }
+    }
+
+    /// Whether the mount's links are attached.
+    pub fn link_up(&self, up: bool) {
+        self.metrics
+            .links_up
+            .get_or_create(&self.labels)
+            .set(i64::from(up));
+    }
+
+    /// The mount's links went down.
+    pub fn link_down(&self) {
+        self.link_up(false);
+        self.metrics.link_failures.get_or_create(&self.labels).inc();
+    }
+
+    /// Deliveries left to the broker because their link died.
+    pub fn abandoned(&self, deliveries: u64) {
+        self.metrics
+            .abandoned
+            .get_or_create(&self.labels)
+            .inc_by(deliveries);
+    }
+
+    /// A delivery rejected without running the handler.
+    pub fn refused(&self) {
+        self.metrics.refused.get_or_create(&self.labels).inc();
     }
 
     /// A delivery published to the dead-letter address.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config::Mount;
 use crate::sandbox::{
     CallLimits, CpuLane, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome,
-    Property, Sandbox, Value,
+    PoolSize, Property, Sandbox, Value,
 };
 
 /// What the made-up delivery carries.
@@ -54,7 +54,10 @@ impl InvokeInput {
 /// Loads `module` and runs one delivery through it with the default mount
 /// limits; the load error, or the handler's outcome or failure.
 pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<Outcome, Failure>> {
-    let sandbox = Sandbox::new()?;
+    let sandbox = Sandbox::new(PoolSize {
+        instances: 1,
+        max_memory: Mount::DEFAULT_MEMORY,
+    })?;
     let module = sandbox.load(module)?;
     let delivery = input.delivery();
     let limits = CallLimits {
@@ -73,6 +76,7 @@ pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<
         tags,
         None,
         CpuLane::new(),
+        sandbox.slots().clone(),
     ));
     Ok(instances.reserve().await.call(&delivery).await.0)
 }

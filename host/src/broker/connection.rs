@@ -1,76 +1,113 @@
-//! The AMQP connection a host (or tenant) shares between its mounts.
+//! One AMQP connection to one broker node.
 
-use fe2o3_amqp::Connection;
+use std::time::Duration;
+
 use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::sasl_profile::SaslProfile;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::{Connection, Session};
 
-use super::BrokerError;
+use super::error::{BrokerError, ConnectFailure, Timed};
+use super::{Endpoint, socket};
 
-/// Sessions one connection may carry: each mount uses two (its receiver's
-/// and its publisher's), and hundreds of tenants may share a connection.
-const CHANNEL_MAX: u16 = 4096;
+/// Sessions one connection may carry (the AMQP maximum; a broker may allow
+/// fewer, and then the pool opens more connections).
+const CHANNEL_MAX: u16 = u16::MAX;
+
+/// How a connection is opened and kept.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// The container id announced in the AMQP open.
+    pub container_id: String,
+    /// How long TCP, SASL and the AMQP open may take together.
+    pub connect_timeout: Duration,
+    /// The idle time-out announced to the broker.
+    pub idle_timeout: Duration,
+    /// How long beginning a session may take.
+    pub begin_timeout: Duration,
+}
 
 /// An open AMQP 1.0 connection.
 pub struct BrokerConnection {
     handle: ConnectionHandle<()>,
-    url: String,
+    endpoint: Endpoint,
+    begin_timeout: Duration,
 }
 
 impl BrokerConnection {
-    /// Opens a connection; SASL PLAIN is used when the URL carries a user and
-    /// password.
-    pub async fn open(url: &str, container_id: &str) -> Result<BrokerConnection, BrokerError> {
-        let handle = Connection::builder()
-            .container_id(container_id)
-            .channel_max(CHANNEL_MAX)
-            .open(url)
+    /// Opens a TCP socket of its own (`TCP_NODELAY`, keepalive, connect
+    /// time-out) and an AMQP connection on it; SASL PLAIN when the endpoint
+    /// has a user, else ANONYMOUS.
+    pub async fn open(
+        endpoint: &Endpoint,
+        options: &ConnectOptions,
+    ) -> Result<BrokerConnection, BrokerError> {
+        let fail = |source| BrokerError::Connect {
+            endpoint: endpoint.to_string(),
+            source,
+        };
+        if endpoint.scheme != "amqp" {
+            return Err(fail(ConnectFailure::Unsupported(format!(
+                "`{}` needs TLS, which this build of wharf does not offer",
+                endpoint.scheme
+            ))));
+        }
+        let opening = async {
+            let stream = socket::connect(&endpoint.host, endpoint.port, options.connect_timeout)
+                .await
+                .map_err(ConnectFailure::Socket)?;
+            let profile = match &endpoint.user {
+                Some(user) => SaslProfile::Plain {
+                    username: user.clone(),
+                    password: endpoint.password.clone().unwrap_or_default(),
+                },
+                None => SaslProfile::Anonymous,
+            };
+            let idle_ms = u32::try_from(options.idle_timeout.as_millis()).unwrap_or(u32::MAX);
+            Connection::builder()
+                .container_id(options.container_id.clone())
+                .channel_max(CHANNEL_MAX)
+                .idle_time_out(idle_ms)
+                .hostname(endpoint.host.as_str())
+                .sasl_profile(profile)
+                .open_with_stream(stream)
+                .await
+                .map_err(ConnectFailure::Open)
+        };
+        let handle = tokio::time::timeout(options.connect_timeout, opening)
             .await
-            .map_err(|e| BrokerError::Connect {
-                url: redact(url),
-                reason: e.to_string(),
-            })?;
+            .map_err(|_| fail(ConnectFailure::TimedOut(options.connect_timeout)))?
+            .map_err(fail)?;
         Ok(BrokerConnection {
             handle,
-            url: redact(url),
+            endpoint: endpoint.clone(),
+            begin_timeout: options.begin_timeout,
         })
     }
 
-    /// The broker's URL with any password hidden.
-    pub fn url(&self) -> &str {
-        &self.url
+    /// The node it is connected to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
-    pub(super) fn handle(&mut self) -> &mut ConnectionHandle<()> {
-        &mut self.handle
+    /// Begins a session, within the begin time-out.
+    pub async fn begin_session(&mut self) -> Result<SessionHandle<()>, BrokerError> {
+        let begun = tokio::time::timeout(self.begin_timeout, Session::begin(&mut self.handle))
+            .await
+            .map_err(|_| Timed::TimedOut(self.begin_timeout))
+            .and_then(|begun| begun.map_err(Timed::Failed));
+        begun.map_err(|source| BrokerError::Begin { source })
     }
 
-    /// Closes the connection.
-    pub async fn close(mut self) {
-        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, self.handle.close()).await;
+    /// Whether the connection has ended (closed by either side, or lost).
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
     }
-}
 
-/// The URL with its password replaced, for logs and errors.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((credentials, host)) => match credentials.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_are_hidden() {
-        assert_eq!(
-            super::redact("amqp://admin:secret@127.0.0.1:5672"),
-            "amqp://admin:***@127.0.0.1:5672"
-        );
-        assert_eq!(super::redact("amqp://127.0.0.1"), "amqp://127.0.0.1");
+    /// Closes the connection, waiting at most `timeout` for the broker.
+    pub async fn close(mut self, timeout: Duration) {
+        if !self.handle.is_closed() {
+            let _ = tokio::time::timeout(timeout, self.handle.close()).await;
+        }
     }
 }

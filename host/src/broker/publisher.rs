@@ -1,29 +1,30 @@
 //! Publishing copies and dead letters, and waiting for the broker to take
-//! them.
+//! them: never longer than the publish time-out, so a broker that blocks
+//! producers cannot stall a delivery or a shutdown.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fe2o3_amqp::link::delivery::Sendable;
+use bytes::Bytes;
+use fe2o3_amqp::Sender;
+use fe2o3_amqp::link::ErrorRecovery;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{Outcome, Target};
 use fe2o3_amqp::types::primitives::Symbol;
-use fe2o3_amqp::{Sender, Session};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::BrokerError;
-use super::connection::BrokerConnection;
-use super::message::AmqpMessage;
+use super::error::{AttachFailure, BrokerError, PublishFailure};
 
-/// How long the broker may take to settle a publish before it counts as
-/// failed (and the original is kept), so a silent broker cannot stall a
-/// delivery or a shutdown forever.
-const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The capability a broker offers on a sender link when it schedules
+/// messages by their `x-opt-delivery-time` (Artemis does).
+const DELAYED_DELIVERY: &str = "DELAYED_DELIVERY";
 
 struct Request {
     address: String,
-    message: AmqpMessage,
+    payload: Bytes,
     done: oneshot::Sender<Result<(), BrokerError>>,
 }
 
@@ -38,11 +39,63 @@ pub struct Publisher {
 pub struct PublisherTask {
     task: tokio::task::JoinHandle<()>,
     close: CancellationToken,
+    failure: Arc<Failure>,
+}
+
+/// The first sender link failure, kept for the mount to report.
+#[derive(Default)]
+struct Failure {
+    happened: CancellationToken,
+    error: Mutex<Option<BrokerError>>,
+}
+
+impl Failure {
+    fn record(&self, error: BrokerError) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+        self.happened.cancel();
+    }
+}
+
+/// One sender link to attach: its address and the node kind to ask for.
+#[derive(Debug, Clone, Copy)]
+pub struct SenderTarget<'a> {
+    /// The address.
+    pub address: &'a str,
+    /// The terminus capability naming the kind of node, if any.
+    pub capability: Option<&'static str>,
+}
+
+/// What the broker offered on the sender links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offered {
+    /// The first target's link schedules messages by delivery time.
+    pub delayed_delivery: bool,
 }
 
 impl PublisherTask {
+    /// Resolves when a sender link failed: the mount's links must come down
+    /// and be attached again. Cancel-safe.
+    pub async fn failed(&mut self) -> BrokerError {
+        self.failure.happened.cancelled().await;
+        let taken = self
+            .failure
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match taken {
+            Some(error) => error,
+            // Reported once already; the mount is going down.
+            None => std::future::pending().await,
+        }
+    }
+
     /// Refuses new publishes, waits until every one already asked for has
-    /// the broker's answer, then closes the links.
+    /// the broker's answer (each within its time-out), then detaches the
+    /// links, waiting at most `close_timeout` for each.
     pub async fn close(self) {
         self.close.cancel();
         let _ = self.task.await;
@@ -50,123 +103,155 @@ impl PublisherTask {
 }
 
 impl Publisher {
-    /// Attaches one sender per address (asking for the node kind its
-    /// capability names, if any) on a session of its own.
-    pub async fn open(
-        connection: &mut BrokerConnection,
+    /// Attaches one sender per distinct address on `session`.
+    pub async fn attach(
+        session: &mut SessionHandle<()>,
         link_prefix: &str,
-        addresses: &[(&str, Option<&'static str>)],
-    ) -> Result<(Publisher, PublisherTask), BrokerError> {
-        let first = addresses.first().map(|(a, _)| *a).unwrap_or_default();
-        let mut session =
-            Session::begin(connection.handle())
-                .await
-                .map_err(|e| BrokerError::Attach {
-                    address: first.to_owned(),
-                    role: "sender",
-                    reason: format!("cannot begin a session: {e}"),
-                })?;
+        targets: &[SenderTarget<'_>],
+        publish_timeout: Duration,
+        close_timeout: Duration,
+    ) -> Result<(Publisher, PublisherTask, Offered), BrokerError> {
         let mut senders = HashMap::new();
-        for &(address, capability) in addresses {
-            if senders.contains_key(address) {
+        let mut delayed_delivery = false;
+        for (index, target) in targets.iter().enumerate() {
+            if senders.contains_key(target.address) {
                 continue;
             }
-            let mut target = Target::builder().address(address);
-            if let Some(capability) = capability {
-                target = target.capabilities(vec![Symbol::from(capability)]);
+            let mut terminus = Target::builder().address(target.address);
+            if let Some(capability) = target.capability {
+                terminus = terminus.capabilities(vec![Symbol::from(capability)]);
             }
             let sender = Sender::builder()
-                .name(format!("{link_prefix}/send/{address}"))
-                .target(target.build())
-                .attach(&mut session)
+                .name(format!("{link_prefix}/send/{}", target.address))
+                .target(terminus.build())
+                .attach(session)
                 .await
                 .map_err(|e| BrokerError::Attach {
-                    address: address.to_owned(),
+                    address: target.address.to_owned(),
                     role: "sender",
-                    reason: e.to_string(),
+                    source: AttachFailure::Sender(e),
                 })?;
-            senders.insert(address.to_owned(), sender);
+            if index == 0 {
+                delayed_delivery = sender
+                    .remote_offered_capabilities()
+                    .is_some_and(|offered| offered.iter().any(|c| c.0 == DELAYED_DELIVERY));
+            }
+            senders.insert(target.address.to_owned(), sender);
         }
         let (requests, inbox) = mpsc::channel(256);
         let close = CancellationToken::new();
-        let task = tokio::spawn(serve(session, senders, inbox, close.clone()));
-        Ok((Publisher { requests }, PublisherTask { task, close }))
+        let failure = Arc::new(Failure::default());
+        let links = Links {
+            senders,
+            publish_timeout,
+            close_timeout,
+            failure: failure.clone(),
+        };
+        let task = tokio::spawn(links.serve(inbox, close.clone()));
+        let task = PublisherTask {
+            task,
+            close,
+            failure,
+        };
+        Ok((Publisher { requests }, task, Offered { delayed_delivery }))
     }
 
-    /// Publishes `message` to `address` and waits for the broker's
-    /// `accepted`.
-    pub async fn publish(&self, address: &str, message: AmqpMessage) -> Result<(), BrokerError> {
+    /// Publishes an encoded message to `address` and waits for the
+    /// broker's `accepted`.
+    pub async fn publish(&self, address: &str, payload: Bytes) -> Result<(), BrokerError> {
         let (done, answer) = oneshot::channel();
         let request = Request {
             address: address.to_owned(),
-            message,
+            payload,
             done,
         };
         let gone = || BrokerError::Publish {
             address: address.to_owned(),
-            reason: "the publisher has shut down".to_owned(),
+            source: PublishFailure::LinkDown,
         };
         self.requests.send(request).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
     }
 }
 
-async fn serve(
-    mut session: SessionHandle<()>,
-    mut senders: HashMap<String, Sender>,
-    mut inbox: mpsc::Receiver<Request>,
-    close: CancellationToken,
-) {
-    let mut waiting = tokio::task::JoinSet::new();
-    loop {
-        let request = tokio::select! {
-            request = inbox.recv() => request,
-            () = close.cancelled() => {
-                // Take what was already queued, then stop.
-                inbox.close();
-                inbox.recv().await
+struct Links {
+    senders: HashMap<String, Sender>,
+    publish_timeout: Duration,
+    close_timeout: Duration,
+    failure: Arc<Failure>,
+}
+
+impl Links {
+    async fn serve(mut self, mut inbox: mpsc::Receiver<Request>, close: CancellationToken) {
+        let mut waiting = tokio::task::JoinSet::new();
+        loop {
+            let request = tokio::select! {
+                request = inbox.recv() => request,
+                () = close.cancelled() => {
+                    // Take what was already queued, then stop.
+                    inbox.close();
+                    inbox.recv().await
+                }
+            };
+            let Some(Request {
+                address,
+                payload,
+                done,
+            }) = request
+            else {
+                break;
+            };
+            let fail = |source| BrokerError::Publish {
+                address: address.clone(),
+                source,
+            };
+            if self.failure.happened.is_cancelled() {
+                let _ = done.send(Err(fail(PublishFailure::LinkDown)));
+                continue;
             }
-        };
-        let Some(request) = request else { break };
-        let Some(sender) = senders.get_mut(&request.address) else {
-            let _ = request.done.send(Err(BrokerError::Publish {
-                address: request.address,
-                reason: "no sender link is attached to this address".to_owned(),
-            }));
-            continue;
-        };
-        // Pipeline: hand the transfer to the link now, wait for the broker's
-        // answer beside the loop.
-        let address = request.address;
-        let sendable = Sendable::builder().message(request.message).build();
-        match sender.send_batchable(sendable).await {
-            Ok(outcome) => {
-                let done = request.done;
-                waiting.spawn(async move {
-                    let result = match tokio::time::timeout(PUBLISH_TIMEOUT, outcome).await {
-                        Ok(Ok(Outcome::Accepted(_))) => Ok(()),
-                        Ok(Ok(other)) => Err(format!("the broker answered {other:?}")),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!(
-                            "no answer from the broker within {PUBLISH_TIMEOUT:?}"
-                        )),
-                    };
-                    let _ = done
-                        .send(result.map_err(|reason| BrokerError::Publish { address, reason }));
-                });
-            }
-            Err(e) => {
-                let _ = request.done.send(Err(BrokerError::Publish {
-                    address,
-                    reason: e.to_string(),
-                }));
-            }
+            let Some(sender) = self.senders.get_mut(&address) else {
+                let _ = done.send(Err(fail(PublishFailure::Refused(
+                    "no sender link is attached to this address".to_owned(),
+                ))));
+                continue;
+            };
+            // Credit and the broker's answer share one deadline.
+            let deadline = Instant::now() + self.publish_timeout;
+            let sent =
+                tokio::time::timeout_at(deadline, sender.send_payload_batchable(payload)).await;
+            let outcome = match sent {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(e)) if e.recovery() != ErrorRecovery::UseLink => {
+                    let _ = done.send(Err(fail(PublishFailure::LinkDown)));
+                    self.failure.record(BrokerError::Sender { address, source: e });
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    let _ = done.send(Err(fail(PublishFailure::Send(e))));
+                    continue;
+                }
+                Err(_) => {
+                    let _ = done.send(Err(fail(PublishFailure::TimedOut(self.publish_timeout))));
+                    continue;
+                }
+            };
+            // Pipeline: the transfer is on the link; wait for the answer
+            // beside the loop.
+            let timeout = self.publish_timeout;
+            waiting.spawn(async move {
+                let result = match tokio::time::timeout_at(deadline, outcome).await {
+                    Ok(Ok(Outcome::Accepted(_))) => Ok(()),
+                    Ok(Ok(other)) => Err(PublishFailure::Refused(format!("{other:?}"))),
+                    Ok(Err(e)) => Err(PublishFailure::Send(e)),
+                    Err(_) => Err(PublishFailure::TimedOut(timeout)),
+                };
+                let _ = done.send(result.map_err(|source| BrokerError::Publish { address, source }));
+            });
+            while waiting.try_join_next().is_some() {}
         }
-        while waiting.try_join_next().is_some() {}
+        while waiting.join_next().await.is_some() {}
+        for (_, sender) in self.senders {
+            let _ = tokio::time::timeout(self.close_timeout, sender.close()).await;
+        }
     }
-    while waiting.join_next().await.is_some() {}
-    for (_, sender) in senders {
-        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, sender.close()).await;
-    }
-    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
 }

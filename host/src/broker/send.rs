@@ -1,33 +1,52 @@
 //! `wharf send`: publish a few messages by hand.
 
-use fe2o3_amqp::types::messaging::{ApplicationProperties, Header, Message, Outcome};
-use fe2o3_amqp::{Sender, Session};
+use std::time::Duration;
 
-use super::{BrokerConnection, BrokerError};
+use fe2o3_amqp::Sender;
+use fe2o3_amqp::types::messaging::{ApplicationProperties, Header, Message, Outcome, Properties};
 
-/// Publishes one durable message per body to `address` (each with the given
-/// string application properties) and waits for the broker to accept each.
-pub async fn send(
-    url: &str,
-    address: &str,
-    properties: &[(String, String)],
-    bodies: &[String],
-) -> Result<(), BrokerError> {
-    let mut connection =
-        BrokerConnection::open(url, &format!("wharf-send-{}", std::process::id())).await?;
-    let publish_error = |reason: String| BrokerError::Publish {
-        address: address.to_owned(),
-        reason,
+use super::error::{AttachFailure, PublishFailure};
+use super::{BrokerConnection, BrokerError, ConnectOptions, Endpoint};
+
+/// Where and how `wharf send` publishes.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// The broker.
+    pub endpoint: Endpoint,
+    /// The address to publish to.
+    pub address: String,
+    /// String application properties every message carries.
+    pub properties: Vec<(String, String)>,
+    /// How long connecting and each publish may take.
+    pub timeout: Duration,
+}
+
+/// Publishes one durable message per body and waits for the broker to
+/// accept each.
+pub async fn send(options: &SendOptions, bodies: &[String]) -> Result<(), BrokerError> {
+    let connect = ConnectOptions {
+        container_id: format!("wharf-send-{}", std::process::id()),
+        connect_timeout: options.timeout,
+        idle_timeout: Duration::from_secs(30),
+        begin_timeout: options.timeout,
     };
-    let mut session = Session::begin(connection.handle())
-        .await
-        .map_err(|e| publish_error(e.to_string()))?;
+    let mut connection = BrokerConnection::open(&options.endpoint, &connect).await?;
+    let address = options.address.as_str();
+    let publish_error = |source| BrokerError::Publish {
+        address: address.to_owned(),
+        source,
+    };
+    let mut session = connection.begin_session().await?;
     let mut sender = Sender::attach(&mut session, "wharf-send", address)
         .await
-        .map_err(|e| publish_error(e.to_string()))?;
+        .map_err(|e| BrokerError::Attach {
+            address: address.to_owned(),
+            role: "sender",
+            source: AttachFailure::Sender(e),
+        })?;
     for (n, body) in bodies.iter().enumerate() {
         let mut app = ApplicationProperties::builder();
-        for (key, value) in properties {
+        for (key, value) in &options.properties {
             app = app.insert(key.as_str(), value.as_str());
         }
         let message = Message::builder()
@@ -36,21 +55,24 @@ pub async fn send(
                 ..Header::default()
             })
             .properties(
-                fe2o3_amqp::types::messaging::Properties::builder()
+                Properties::builder()
                     .message_id(format!("wharf-send-{}-{n}", std::process::id()))
                     .build(),
             )
             .application_properties(app.build())
             .value(body.as_str())
             .build();
-        match sender.send(message).await {
-            Ok(Outcome::Accepted(_)) => println!("sent {body:?} to {address}"),
-            Ok(other) => return Err(publish_error(format!("the broker answered {other:?}"))),
-            Err(e) => return Err(publish_error(e.to_string())),
+        match tokio::time::timeout(options.timeout, sender.send(message)).await {
+            Ok(Ok(Outcome::Accepted(_))) => println!("sent {body:?} to {address}"),
+            Ok(Ok(other)) => {
+                return Err(publish_error(PublishFailure::Refused(format!("{other:?}"))));
+            }
+            Ok(Err(e)) => return Err(publish_error(PublishFailure::Send(e))),
+            Err(_) => return Err(publish_error(PublishFailure::TimedOut(options.timeout))),
         }
     }
-    let _ = sender.close().await;
-    let _ = session.end().await;
-    connection.close().await;
+    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, sender.close()).await;
+    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
+    connection.close(super::CLOSE_TIMEOUT).await;
     Ok(())
 }

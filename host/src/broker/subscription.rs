@@ -2,19 +2,42 @@
 
 use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::link::{ErrorRecovery, RecvError};
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::types::definitions::SenderSettleMode;
+use fe2o3_amqp::types::definitions::{self, AmqpError, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{Body, Modified, Source};
 use fe2o3_amqp::types::primitives::{Symbol, Value};
-use fe2o3_amqp::{Delivery, Receiver, Session};
+use fe2o3_amqp::{Delivery, Receiver};
 
-use super::BrokerError;
-use super::connection::BrokerConnection;
+use super::error::{AttachFailure, BrokerError};
 use super::message::AmqpMessage;
 use crate::config::Settle;
 use crate::settlement::Disposition;
 
 const MODIFIED_OUTCOME: &str = "amqp:modified:list";
+
+/// What the link gave: a delivery, or one the host must settle without
+/// running a handler.
+pub enum Received {
+    /// A delivery for the handler.
+    Delivery(Inbound),
+    /// A delivery that is not an AMQP message the host can read; it must be
+    /// rejected with `amqp:decode-error`.
+    Undecodable {
+        /// What settling it needs.
+        info: DeliveryInfo,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A delivery over the mount's `max_message_size`, already rejected by
+    /// the link without being read.
+    Oversized {
+        /// Its size in bytes.
+        size: u64,
+        /// The limit.
+        max_size: u64,
+    },
+}
 
 /// A delivery taken off the link.
 pub struct Inbound {
@@ -24,49 +47,57 @@ pub struct Inbound {
     pub message: AmqpMessage,
 }
 
-/// A receiver attached to one address on a session of its own.
+/// How a receiver is attached.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiverOptions<'a> {
+    /// The link's name.
+    pub link_name: &'a str,
+    /// The address to consume from.
+    pub address: &'a str,
+    /// The terminus capability naming the kind of node, if any.
+    pub capability: Option<&'static str>,
+    /// How deliveries are settled.
+    pub settle: Settle,
+    /// Link credit.
+    pub credit: u32,
+    /// Deliveries larger than this are rejected unread.
+    pub max_message_size: u64,
+}
+
+/// A receiver attached to one address.
 pub struct Subscription {
     receiver: Receiver,
-    session: SessionHandle<()>,
     address: String,
     modified_supported: bool,
 }
 
 impl Subscription {
-    /// Attaches a receiver to `address`, asking for the node kind
-    /// `capability` names if any. At-most-once asks the broker to send every
-    /// delivery settled.
+    /// Attaches a receiver on `session`. At-most-once asks the broker to
+    /// send every delivery settled.
     pub async fn attach(
-        connection: &mut BrokerConnection,
-        link_name: &str,
-        address: &str,
-        capability: Option<&'static str>,
-        settle: Settle,
-        credit: u32,
+        session: &mut SessionHandle<()>,
+        options: ReceiverOptions<'_>,
     ) -> Result<Subscription, BrokerError> {
-        let attach_error = |reason: String| BrokerError::Attach {
-            address: address.to_owned(),
-            role: "receiver",
-            reason,
-        };
-        let mut session = Session::begin(connection.handle())
-            .await
-            .map_err(|e| attach_error(format!("cannot begin a session: {e}")))?;
-        let mut source = Source::builder().address(address);
-        if let Some(capability) = capability {
+        let mut source = Source::builder().address(options.address);
+        if let Some(capability) = options.capability {
             source = source.capabilities(vec![Symbol::from(capability)]);
         }
         let mut builder = Receiver::builder()
-            .name(link_name)
+            .name(options.link_name)
             .source(source.build())
-            .credit_mode(CreditMode::Auto(credit));
-        if settle == Settle::AtMostOnce {
+            .max_message_size(options.max_message_size)
+            .credit_mode(CreditMode::Auto(options.credit));
+        if options.settle == Settle::AtMostOnce {
             builder = builder.sender_settle_mode(SenderSettleMode::Settled);
         }
         let receiver = builder
-            .attach(&mut session)
+            .attach(session)
             .await
-            .map_err(|e| attach_error(e.to_string()))?;
+            .map_err(|e| BrokerError::Attach {
+                address: options.address.to_owned(),
+                role: "receiver",
+                source: AttachFailure::Receiver(e),
+            })?;
         // After attach the source is the broker's: its `outcomes` say
         // whether `modified` may be sent. No list means no restriction.
         let modified_supported = receiver
@@ -76,8 +107,7 @@ impl Subscription {
             .is_none_or(|outcomes| outcomes.0.iter().any(|o| o.0 == MODIFIED_OUTCOME));
         Ok(Subscription {
             receiver,
-            session,
-            address: address.to_owned(),
+            address: options.address.to_owned(),
             modified_supported,
         })
     }
@@ -87,12 +117,44 @@ impl Subscription {
         self.modified_supported
     }
 
-    /// The next delivery. Cancel-safe.
-    pub async fn recv(&mut self) -> Result<Inbound, BrokerError> {
-        let delivery: Delivery<Body<Value>> =
-            self.receiver.recv().await.map_err(|e| self.link_error(e))?;
-        let (info, message) = delivery.into_parts();
-        Ok(Inbound { info, message })
+    /// The next delivery. Cancel-safe. An error means the link is gone.
+    pub async fn recv(&mut self) -> Result<Received, BrokerError> {
+        match self.receiver.recv::<Body<Value>>().await {
+            Ok(delivery) => {
+                let delivery: Delivery<Body<Value>> = delivery;
+                let (info, message) = delivery.into_parts();
+                Ok(Received::Delivery(Inbound {
+                    info,
+                    message: message.into(),
+                }))
+            }
+            // fe2o3 types application properties as simple values only;
+            // read what it could not.
+            Err(RecvError::MessageDecode(undecoded)) => {
+                Ok(match AmqpMessage::decode(&undecoded.payload) {
+                    Ok(message) => Received::Delivery(Inbound {
+                        info: undecoded.info,
+                        message,
+                    }),
+                    Err(failure) => Received::Undecodable {
+                        info: undecoded.info,
+                        reason: failure.0,
+                    },
+                })
+            }
+            Err(RecvError::MessageSizeExceeded(exceeded)) => Ok(Received::Oversized {
+                size: exceeded.size,
+                max_size: exceeded.max_size,
+            }),
+            Err(e) if e.recovery() == ErrorRecovery::UseLink => {
+                tracing::warn!(address = self.address, error = %e, "receiver: a transfer was refused; the link stays");
+                Box::pin(self.recv()).await
+            }
+            Err(source) => Err(BrokerError::Receive {
+                address: self.address.clone(),
+                source,
+            }),
+        }
     }
 
     /// Sends a disposition for an unsettled delivery.
@@ -114,31 +176,36 @@ impl Subscription {
                 self.receiver.modify(info, modified).await
             }
         };
-        sent.map_err(|e| self.link_error(e))
-    }
-
-    /// Detaches the link (the broker requeues whatever is still unsettled)
-    /// and ends the session.
-    pub async fn close(self) {
-        let Subscription {
-            receiver,
-            mut session,
-            address,
-            ..
-        } = self;
-        // Some brokers answer a closing detach without `closed=true`; do not
-        // wait on it forever.
-        let detach = tokio::time::timeout(super::CLOSE_TIMEOUT, receiver.close()).await;
-        if !matches!(detach, Ok(Ok(()))) {
-            tracing::debug!(address, "receiver did not detach cleanly");
-        }
-        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
-    }
-
-    fn link_error(&self, e: impl std::fmt::Display) -> BrokerError {
-        BrokerError::Link {
+        sent.map_err(|source| BrokerError::Settle {
             address: self.address.clone(),
-            reason: e.to_string(),
+            source,
+        })
+    }
+
+    /// Rejects a delivery that is not a readable AMQP message, saying why.
+    pub async fn reject_undecodable(
+        &self,
+        info: DeliveryInfo,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        let error = definitions::Error::new(AmqpError::DecodeError, Some(reason.to_owned()), None);
+        self.receiver
+            .reject(info, error)
+            .await
+            .map_err(|source| BrokerError::Settle {
+                address: self.address.clone(),
+                source,
+            })
+    }
+
+    /// Detaches the link (the broker requeues whatever is still
+    /// unsettled), waiting at most `timeout` for the broker's answer: some
+    /// answer a closing detach without `closed=true`, a blocked one not at
+    /// all.
+    pub async fn close(self, timeout: std::time::Duration) {
+        let detach = tokio::time::timeout(timeout, self.receiver.close()).await;
+        if !matches!(detach, Ok(Ok(()))) {
+            tracing::debug!(address = self.address, "receiver did not detach cleanly");
         }
     }
 }

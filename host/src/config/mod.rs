@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::backoff::BackoffPolicy;
 use crate::sandbox::{Grants, InstancePolicy, Output};
 pub use units::{parse_duration, parse_size};
 
@@ -113,17 +114,69 @@ pub struct Admin {
     pub listen: SocketAddr,
 }
 
-/// Where the broker is.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Where the broker is and how to stay connected to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Broker {
-    /// `amqp://user:password@host:port`.
-    pub url: String,
+    /// `amqp://user:password@host:port`: one node, or several of a cluster
+    /// in the order to try them; a reconnect moves on to the next.
+    pub urls: Vec<String>,
     /// The container id wharf announces when it opens the connection; by
     /// default `wharf-<host>-<pid>`, unique per process as brokers may refuse
     /// a second connection with the same id.
-    #[serde(default = "default_container_id")]
     pub container_id: String,
+    /// How long opening a connection (TCP, SASL, AMQP open) may take.
+    pub connect_timeout: Duration,
+    /// The AMQP idle time-out wharf announces: the broker must send a frame
+    /// (heartbeats included) at least this often, or the connection counts
+    /// as lost. It finds half-open connections.
+    pub idle_timeout: Duration,
+    /// How long beginning a session or attaching a link may take.
+    pub attach_timeout: Duration,
+    /// How long a publish (a copy, a dead letter) may wait for link credit
+    /// and the broker's answer before it counts as failed.
+    pub publish_timeout: Duration,
+    /// The waits between reconnect attempts.
+    pub reconnect: BackoffPolicy,
+}
+
+impl Broker {
+    /// Default `connect_timeout`.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default `idle_timeout`.
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Default `attach_timeout`.
+    pub const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default `publish_timeout`.
+    pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default first wait between reconnect attempts.
+    pub const DEFAULT_RECONNECT_INITIAL: Duration = Duration::from_millis(100);
+    /// Default longest wait between reconnect attempts.
+    pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
+
+    /// The broker at `url` with every other setting at its default.
+    pub fn at(url: &str) -> Broker {
+        Broker {
+            urls: vec![url.to_owned()],
+            container_id: default_container_id(),
+            connect_timeout: Broker::DEFAULT_CONNECT_TIMEOUT,
+            idle_timeout: Broker::DEFAULT_IDLE_TIMEOUT,
+            attach_timeout: Broker::DEFAULT_ATTACH_TIMEOUT,
+            publish_timeout: Broker::DEFAULT_PUBLISH_TIMEOUT,
+            reconnect: BackoffPolicy {
+                initial: Broker::DEFAULT_RECONNECT_INITIAL,
+                max: Broker::DEFAULT_RECONNECT_MAX,
+            },
+        }
+    }
+
+    /// The broker's nodes as one line for logs, passwords hidden.
+    pub fn display(&self) -> String {
+        self.urls
+            .iter()
+            .map(|url| crate::broker::redact(url))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Settings for the whole process.
@@ -134,14 +187,28 @@ pub struct HostSettings {
     /// their deliveries are left to the broker to redeliver.
     #[serde(default = "default_grace", deserialize_with = "units::duration")]
     pub shutdown_grace: Duration,
+    /// The most handler instances (running or kept for reuse) the host holds
+    /// at once, over all mounts. The instance pool is sized from the mounts'
+    /// `concurrency` up to this; deliveries beyond it wait for a free
+    /// instance (back-pressure), never fail.
+    #[serde(
+        default = "default_max_instances",
+        deserialize_with = "units::at_least_one"
+    )]
+    pub max_instances: u32,
 }
 
 impl Default for HostSettings {
     fn default() -> Self {
         HostSettings {
             shutdown_grace: default_grace(),
+            max_instances: default_max_instances(),
         }
     }
+}
+
+fn default_max_instances() -> u32 {
+    1000
 }
 
 /// A team sharing the host: a name, its limits and its mounts.
@@ -202,9 +269,56 @@ pub struct Mount {
     pub instance: InstancePolicy,
     /// What the handler may use beyond its delivery.
     pub grants: Grants,
+    /// The largest message taken, in bytes; a larger one is rejected with
+    /// `amqp:link:message-size-exceeded` without being read.
+    pub max_message_size: u64,
+    /// How `retry` asks for another attempt; `None` decides from what the
+    /// broker says.
+    pub retry: Option<RetryChoice>,
+    /// Where `retry-after` copies wait; `None` decides from what the broker
+    /// offers.
+    pub delay: Option<DelayChoice>,
+    /// How the original of a `retry-after` is settled once its copy is
+    /// accepted.
+    pub retry_after_original: RetryAfterOriginal,
+}
+
+/// How a mount's `retry` asks for another attempt, when the config says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryChoice {
+    /// `modified`: the broker redelivers and counts.
+    Modified,
+    /// A copy with the host's retry count: for queues that count nothing.
+    Copy,
+}
+
+/// Where a mount's `retry-after` copies wait, when the config says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DelayChoice {
+    /// Published at once with a delivery time, scheduled by the broker.
+    Scheduled,
+    /// Held by the host with the original unsettled until the delay is over.
+    Held,
+}
+
+/// How the original of a `retry-after` is settled once its copy is
+/// accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryAfterOriginal {
+    /// `rejected`, as the contract says (on a broker whose dead-letter
+    /// policy catches `rejected`, the original also lands in its DLQ).
+    #[default]
+    Rejected,
+    /// `accepted`: the copy carries the message on; nothing reaches a DLQ.
+    Accepted,
 }
 
 impl Mount {
+    /// Default `max_message_size`.
+    pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 16 << 20;
     /// Default link credit.
     pub const DEFAULT_CREDIT: u32 = 64;
     /// Default number of handlers running at once.
@@ -252,7 +366,7 @@ fn default_grace() -> Duration {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    broker: Broker,
+    broker: RawBroker,
     #[serde(default)]
     host: HostSettings,
     admin: Option<Admin>,
@@ -260,11 +374,38 @@ struct RawConfig {
     tenants: Vec<RawTenant>,
 }
 
+/// One URL, or the nodes of a cluster.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUrls {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBroker {
+    url: Spanned<RawUrls>,
+    container_id: Option<String>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    connect_timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    idle_timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    attach_timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    publish_timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    reconnect_initial: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    reconnect_max: Option<Spanned<Duration>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTenant {
     name: Spanned<String>,
-    broker: Option<Broker>,
+    broker: Option<RawBroker>,
     max_running: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     max_memory: Option<Spanned<u64>>,
@@ -310,6 +451,12 @@ struct RawMount {
     instance_max_idle: Option<Spanned<Duration>>,
     #[serde(default)]
     grants: RawGrants,
+    #[serde(default, deserialize_with = "optional_size")]
+    max_message_size: Option<Spanned<u64>>,
+    retry: Option<RetryChoice>,
+    delay: Option<DelayChoice>,
+    #[serde(default)]
+    retry_after_original: RetryAfterOriginal,
 }
 
 fn optional_duration<'de, D: serde::Deserializer<'de>>(
@@ -356,6 +503,7 @@ impl Config {
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let checker = Checker { path, text };
+        let broker = checker.broker("[broker]", raw.broker)?;
         let mut tenants = Vec::with_capacity(raw.tenants.len());
         let mut tenant_names = HashSet::new();
         // Which tenant uses each address, per broker: an address belongs to
@@ -378,11 +526,14 @@ impl Config {
                 max_memory: tenant.max_memory.as_ref().map(|m| *m.get_ref()),
                 max_pending_copies: tenant.max_pending_copies.map(Spanned::into_inner),
             };
-            let broker_url = tenant
-                .broker
-                .as_ref()
-                .map_or(&raw.broker.url, |b| &b.url)
-                .clone();
+            let tenant_broker = match tenant.broker {
+                Some(raw_broker) => Some(own_connection(
+                    checker.broker(&format!("{here}: [tenant.broker]"), raw_broker)?,
+                    &tenant_name,
+                )),
+                None => None,
+            };
+            let broker_url = tenant_broker.as_ref().unwrap_or(&broker).urls.join(",");
             let mut mount_names = HashSet::new();
             let mut mounts = Vec::with_capacity(tenant.mounts.len());
             for mount in tenant.mounts {
@@ -428,9 +579,7 @@ impl Config {
                 mounts.push(checker.mount(&here, base, mount)?);
             }
             tenants.push(Tenant {
-                broker: tenant
-                    .broker
-                    .map(|broker| own_connection(broker, &tenant_name)),
+                broker: tenant_broker,
                 name: tenant_name,
                 budget,
                 mounts,
@@ -438,7 +587,7 @@ impl Config {
         }
         Ok(Config {
             path: path.to_owned(),
-            broker: raw.broker,
+            broker,
             host: raw.host,
             admin: raw.admin,
             tenants,
@@ -487,6 +636,58 @@ impl Checker<'_> {
                     name.get_ref()
                 ),
             ))
+        }
+    }
+
+    fn broker(&self, here: &str, raw: RawBroker) -> Result<Broker, ConfigError> {
+        let urls = match raw.url.get_ref() {
+            RawUrls::One(url) => vec![url.clone()],
+            RawUrls::Many(urls) => urls.clone(),
+        };
+        if urls.is_empty() {
+            return Err(self.invalid(&raw.url, format!("{here}: `url` lists no broker")));
+        }
+        for url in &urls {
+            if let Err(why) = crate::broker::Endpoint::parse(url) {
+                return Err(self.invalid(&raw.url, format!("{here}: `url`: {why}")));
+            }
+        }
+        let defaults = Broker::at("");
+        let reconnect = BackoffPolicy {
+            initial: self.timeout(here, "reconnect_initial", raw.reconnect_initial, defaults.reconnect.initial)?,
+            max: self.timeout(here, "reconnect_max", raw.reconnect_max, defaults.reconnect.max)?,
+        };
+        if reconnect.max < reconnect.initial {
+            return Err(self.invalid(
+                &raw.url,
+                format!("{here}: `reconnect_max` is shorter than `reconnect_initial`"),
+            ));
+        }
+        Ok(Broker {
+            urls,
+            container_id: raw.container_id.unwrap_or_else(default_container_id),
+            connect_timeout: self.timeout(here, "connect_timeout", raw.connect_timeout, defaults.connect_timeout)?,
+            idle_timeout: self.timeout(here, "idle_timeout", raw.idle_timeout, defaults.idle_timeout)?,
+            attach_timeout: self.timeout(here, "attach_timeout", raw.attach_timeout, defaults.attach_timeout)?,
+            publish_timeout: self.timeout(here, "publish_timeout", raw.publish_timeout, defaults.publish_timeout)?,
+            reconnect,
+        })
+    }
+
+    /// A time-out or wait that must be longer than zero, or its default.
+    fn timeout(
+        &self,
+        here: &str,
+        key: &str,
+        value: Option<Spanned<Duration>>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match value {
+            Some(v) if v.get_ref().is_zero() => {
+                Err(self.invalid(&v, format!("{here}: `{key}` must be longer than zero")))
+            }
+            Some(v) => Ok(v.into_inner()),
+            None => Ok(default),
         }
     }
 
@@ -539,6 +740,14 @@ impl Checker<'_> {
         {
             return Err(self.invalid(m, format!("{here}: `memory` must be at least 1MiB")));
         }
+        if let Some(size) = &raw.max_message_size
+            && *size.get_ref() < 1024
+        {
+            return Err(self.invalid(
+                size,
+                format!("{here}: `max_message_size` must be at least 1KiB"),
+            ));
+        }
         let instance = self.instance_policy(here, &raw)?;
         let grants = self.grants(here, raw.grants)?;
         Ok(Mount {
@@ -566,6 +775,12 @@ impl Checker<'_> {
                 .map_or(Mount::DEFAULT_MAX_RETRY_DELAY, Spanned::into_inner),
             instance,
             grants,
+            max_message_size: raw
+                .max_message_size
+                .map_or(Mount::DEFAULT_MAX_MESSAGE_SIZE, Spanned::into_inner),
+            retry: raw.retry,
+            delay: raw.delay,
+            retry_after_original: raw.retry_after_original,
         })
     }
 

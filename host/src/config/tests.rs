@@ -259,8 +259,8 @@ fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
     let b = &config.tenants[1];
     assert_eq!(b.budget, TenantBudget::default());
     assert_eq!(
-        b.broker.as_ref().map(|b| b.url.as_str()),
-        Some("amqp://other:5672")
+        b.broker.as_ref().map(|b| b.urls.as_slice()),
+        Some(&["amqp://other:5672".to_owned()][..])
     );
     assert_eq!(b.mounts[0].name, "m");
 }
@@ -300,4 +300,71 @@ fn a_tenant_connection_gets_a_container_id_of_its_own() {
         own.container_id,
         format!("{}-b", config.broker.container_id)
     );
+}
+
+#[test]
+fn a_broker_may_be_a_cluster_with_its_timeouts_and_backoff() {
+    let config = parse(
+        r#"
+[broker]
+url = ["amqp://u:p@node-a:5672", "amqp://u:p@node-b:5672"]
+connect_timeout = "3s"
+idle_timeout = "2s"
+attach_timeout = "4s"
+publish_timeout = "5s"
+reconnect_initial = "50ms"
+reconnect_max = "10s"
+"#,
+    )
+    .expect("valid config");
+    let broker = &config.broker;
+    assert_eq!(broker.urls.len(), 2);
+    assert_eq!(broker.connect_timeout, Duration::from_secs(3));
+    assert_eq!(broker.idle_timeout, Duration::from_secs(2));
+    assert_eq!(broker.attach_timeout, Duration::from_secs(4));
+    assert_eq!(broker.publish_timeout, Duration::from_secs(5));
+    assert_eq!(broker.reconnect.initial, Duration::from_millis(50));
+    assert_eq!(broker.reconnect.max, Duration::from_secs(10));
+    assert_eq!(
+        broker.display(),
+        "amqp://u:***@node-a:5672, amqp://u:***@node-b:5672"
+    );
+}
+
+#[test]
+fn a_bad_broker_url_is_refused_without_showing_its_password() {
+    let e = error("[broker]\nurl = \"http://user:hunter2@host\"\n");
+    assert!(e.contains("line 2"), "{e}");
+    assert!(e.contains("`http`"), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
+    let e = error("[broker]\nurl = []\n");
+    assert!(e.contains("lists no broker"), "{e}");
+    let e = error("[broker]\nurl = \"amqp://h\"\nidle_timeout = \"0s\"\n");
+    assert!(e.contains("`idle_timeout` must be longer than zero"), "{e}");
+}
+
+#[test]
+fn mounts_choose_their_message_size_retry_and_delay_paths() {
+    let config = parse(&format!(
+        "{GOOD}max_message_size = \"1MiB\"\nretry = \"copy\"\ndelay = \"held\"\nretry_after_original = \"accepted\"\n"
+    ))
+    .expect("valid config");
+    let (_, mount) = config.mounts().next().expect("one mount");
+    assert_eq!(mount.max_message_size, 1 << 20);
+    assert_eq!(mount.retry, Some(RetryChoice::Copy));
+    assert_eq!(mount.delay, Some(DelayChoice::Held));
+    assert_eq!(mount.retry_after_original, RetryAfterOriginal::Accepted);
+    let defaults = parse(GOOD).expect("valid config");
+    let (_, mount) = defaults.mounts().next().expect("one mount");
+    assert_eq!(mount.max_message_size, Mount::DEFAULT_MAX_MESSAGE_SIZE);
+    assert_eq!((mount.retry, mount.delay), (None, None));
+    assert_eq!(mount.retry_after_original, RetryAfterOriginal::Rejected);
+    let e = error(&format!("{GOOD}delay = \"later\"\n"));
+    assert!(e.contains("delay"), "{e}");
+}
+
+#[test]
+fn max_instances_must_be_positive() {
+    let e = error("[broker]\nurl = \"amqp://h\"\n[host]\nmax_instances = 0\n");
+    assert!(e.contains("at least 1"), "{e}");
 }

@@ -38,6 +38,13 @@ fn size_error(text: &str) -> String {
     format!("`{text}` is not a size; write e.g. \"64MiB\", \"512KiB\" or a number of bytes")
 }
 
+pub(crate) fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match u32::deserialize(d)? {
+        0 => Err(D::Error::custom("must be at least 1")),
+        n => Ok(n),
+    }
+}
+
 pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     parse_duration(&String::deserialize(d)?).map_err(D::Error::custom)
 }

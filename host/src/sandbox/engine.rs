@@ -11,6 +11,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::Handler;
 use super::grants;
+use super::instances::InstanceSlots;
 use super::module::{Compiled, LoadError, Module};
 use super::store::StoreState;
 
@@ -35,19 +36,50 @@ struct Inner {
     /// Compiled code by content digest, so a module used by many mounts (or
     /// reloaded unchanged) is compiled once and kept once.
     compiled: Mutex<HashMap<String, Weak<Compiled>>>,
+    slots: InstanceSlots,
     _ticker: EpochTicker,
 }
 
+/// How large the host's instance pool is: what every mount may hold at
+/// once, over all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    /// Component instances (running or kept for reuse).
+    pub instances: u32,
+    /// The largest linear memory any mount allows, in bytes.
+    pub max_memory: u64,
+}
+
+/// Linear memories one component may define; more is refused at load.
+pub const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
+/// Tables one component may define; more is refused at load.
+pub const MAX_TABLES_PER_COMPONENT: u32 = 16;
+/// Core instances one component may create.
+const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 200;
+/// Memories and tables per instance, on average, that the pool holds room
+/// for; a component needing more takes more of the pool per instance.
+const MEMORIES_PER_INSTANCE: u32 = 2;
+const TABLES_PER_INSTANCE: u32 = 4;
+const CORE_INSTANCES_PER_INSTANCE: u32 = 20;
+/// Instances kept outside the mounts' share, for probing a module before it
+/// is swapped in.
+const PROBE_INSTANCES: u32 = 2;
+
 impl Sandbox {
     /// Creates the engine: component model, epoch interruption, and the
-    /// pooling allocator where its address space can be reserved (otherwise
-    /// on-demand allocation).
-    pub fn new() -> anyhow::Result<Sandbox> {
-        let engine = match Engine::new(&config(true)) {
+    /// pooling allocator sized by `size` where its address space can be
+    /// reserved (otherwise on-demand allocation).
+    pub fn new(size: PoolSize) -> anyhow::Result<Sandbox> {
+        let slots = InstanceSlots::new(
+            size.instances,
+            size.instances.saturating_mul(MEMORIES_PER_INSTANCE).max(MAX_MEMORIES_PER_COMPONENT),
+            size.instances.saturating_mul(TABLES_PER_INSTANCE).max(MAX_TABLES_PER_COMPONENT),
+        );
+        let engine = match Engine::new(&config(Some((size, &slots)))) {
             Ok(engine) => engine,
             Err(e) => {
                 tracing::warn!(error = %e, "pooling allocator unavailable; allocating instances on demand");
-                Engine::new(&config(false)).map_err(to_anyhow)?
+                Engine::new(&config(None)).map_err(to_anyhow)?
             }
         };
         let mut linker = Linker::new(&engine);
@@ -61,9 +93,15 @@ impl Sandbox {
                 engine,
                 linker,
                 compiled: Mutex::new(HashMap::new()),
+                slots,
                 _ticker: ticker,
             }),
         })
+    }
+
+    /// The pool's room, shared by every mount's instances.
+    pub fn slots(&self) -> &InstanceSlots {
+        &self.inner.slots
     }
 
     /// Compiles a component and checks it is a handler: it exports `handle`
@@ -104,17 +142,28 @@ impl Sandbox {
     }
 }
 
-fn config(pooling: bool) -> Config {
+fn config(pool: Option<(PoolSize, &InstanceSlots)>) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true);
-    if pooling {
+    if let Some((size, slots)) = pool {
+        let instances = size.instances.saturating_add(PROBE_INSTANCES);
+        let (memories, tables) = slots.totals();
         let mut pool = PoolingAllocationConfig::default();
-        // Bounds how many instances exist at once across all mounts: those
-        // running a delivery and those kept for reuse.
-        pool.total_component_instances(1000)
-            .total_core_instances(4000)
-            .total_memories(1000)
-            .total_tables(2000);
+        // Deliveries wait for room in `slots` before they instantiate, so
+        // these totals are never reached by the mounts' instances.
+        pool.total_component_instances(instances)
+            .total_core_instances(instances.saturating_mul(CORE_INSTANCES_PER_INSTANCE))
+            .total_memories(memories.saturating_add(PROBE_INSTANCES * MAX_MEMORIES_PER_COMPONENT))
+            .total_tables(tables.saturating_add(PROBE_INSTANCES * MAX_TABLES_PER_COMPONENT))
+            .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+            .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+            .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
+            .max_memories_per_module(MAX_MEMORIES_PER_COMPONENT)
+            .max_tables_per_module(MAX_TABLES_PER_COMPONENT)
+            .total_stacks(instances)
+            // The reservation of each memory is 4 GiB; the mounts' ResourceLimiter
+            // caps what is used.
+            .max_memory_size(usize::try_from(size.max_memory.min(4 << 30)).unwrap_or(usize::MAX));
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config

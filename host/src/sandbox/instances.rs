@@ -71,6 +71,70 @@ impl MemoryBudget {
     }
 }
 
+/// Room in the host's instance pool, shared by every mount: a delivery
+/// waits here for an instance (back-pressure), so the pool itself never
+/// runs out and no delivery fails for want of one.
+#[derive(Clone)]
+pub struct InstanceSlots {
+    instances: Arc<Semaphore>,
+    memories: Arc<Semaphore>,
+    tables: Arc<Semaphore>,
+    /// Instances for trying a module out before it is swapped in; the pool
+    /// holds room for them beyond the mounts' share.
+    probes: Arc<Semaphore>,
+    totals: (u32, u32),
+}
+
+/// What one instance of a module takes from the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolNeeds {
+    /// Linear memories.
+    pub memories: u32,
+    /// Tables.
+    pub tables: u32,
+}
+
+/// An instance's room in the pool, given back when dropped.
+struct SlotPermit {
+    _permits: Vec<OwnedSemaphorePermit>,
+}
+
+impl InstanceSlots {
+    pub(crate) fn new(instances: u32, memories: u32, tables: u32) -> InstanceSlots {
+        let semaphore = |n: u32| Arc::new(Semaphore::new(n as usize));
+        InstanceSlots {
+            instances: semaphore(instances),
+            memories: semaphore(memories),
+            tables: semaphore(tables),
+            probes: semaphore(2),
+            totals: (memories, tables),
+        }
+    }
+
+    /// The memories and tables the mounts' instances may hold together.
+    pub(crate) fn totals(&self) -> (u32, u32) {
+        self.totals
+    }
+
+    async fn acquire(&self, needs: PoolNeeds) -> SlotPermit {
+        let closed = "instance slot semaphores are never closed";
+        let mut permits = vec![self.instances.clone().acquire_owned().await.expect(closed)];
+        for (semaphore, n) in [(&self.memories, needs.memories), (&self.tables, needs.tables)] {
+            if n > 0 {
+                permits.push(semaphore.clone().acquire_many_owned(n).await.expect(closed));
+            }
+        }
+        SlotPermit { _permits: permits }
+    }
+
+    async fn acquire_probe(&self) -> SlotPermit {
+        let permit = self.probes.clone().acquire_owned().await;
+        SlotPermit {
+            _permits: vec![permit.expect("instance slot semaphores are never closed")],
+        }
+    }
+}
+
 /// How one mount runs its module: limits, grants, reuse, and the instances
 /// kept for reuse. A new module version gets a new `Instances`.
 pub struct Instances {
@@ -80,6 +144,7 @@ pub struct Instances {
     setup: Arc<InstanceSetup>,
     budget: Option<MemoryBudget>,
     lane: CpuLane,
+    slots: InstanceSlots,
     idle: Mutex<Vec<Instance>>,
 }
 
@@ -119,11 +184,14 @@ struct Instance {
     uses: u32,
     idle_since: Instant,
     memory: Option<OwnedSemaphorePermit>,
+    _slot: SlotPermit,
 }
 
 impl Instances {
     /// Runs `module` for a mount under `limits` and `grants`, its instances'
-    /// memory counted in `budget` and their long runs sharing `lane`.
+    /// memory counted in `budget`, their long runs sharing `lane`, and their
+    /// room in the pool taken from `slots`.
+    #[allow(clippy::too_many_arguments, reason = "each is a separate limit, named at the call")]
     pub fn new(
         module: Module,
         limits: CallLimits,
@@ -132,6 +200,7 @@ impl Instances {
         tags: Arc<LogTags>,
         budget: Option<MemoryBudget>,
         lane: CpuLane,
+        slots: InstanceSlots,
     ) -> Instances {
         Instances {
             module,
@@ -140,7 +209,40 @@ impl Instances {
             setup: Arc::new(InstanceSetup::new(tags, grants)),
             budget,
             lane,
+            slots,
             idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Instantiates the module once, as a delivery would, and throws the
+    /// instance away: a module whose start-up traps, or calls something the
+    /// mount does not grant, is refused before it serves a delivery.
+    pub async fn probe(&self) -> Result<(), Failure> {
+        let slot = self.slots.acquire_probe().await;
+        let mut instance = self.fresh(None, slot);
+        let timeout = self.limits.timeout;
+        instance
+            .store
+            .data_mut()
+            .begin_call(Instant::now() + timeout);
+        instance.store.set_epoch_deadline(1);
+        let instantiated = tokio::time::timeout(
+            timeout,
+            self.module.compiled.pre.instantiate_async(&mut instance.store),
+        )
+        .await;
+        instance.store.data_mut().end_call();
+        match instantiated {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(match Failure::classify(&e, timeout, Failure::Instantiate) {
+                Failure::Instantiate(_) | Failure::Trap(_)
+                    if instance.store.data().memory.refused =>
+                {
+                    Failure::OutOfMemory(self.limits.memory)
+                }
+                other => other,
+            }),
+            Err(_) => Err(Failure::Timeout(timeout)),
         }
     }
 
@@ -150,7 +252,7 @@ impl Instances {
     }
 
     /// An instance for the next delivery: a kept one, or a fresh one once
-    /// the memory budget has room for it.
+    /// the memory budget and the pool have room for it.
     pub async fn reserve(self: &Arc<Self>) -> Reserved {
         let instance = match self.take_idle() {
             Some(instance) => instance,
@@ -159,7 +261,8 @@ impl Instances {
                     Some(budget) => Some(budget.reserve(self.limits.memory).await),
                     None => None,
                 };
-                self.fresh(memory)
+                let slot = self.slots.acquire(self.module.pool_needs()).await;
+                self.fresh(memory, slot)
             }
         };
         Reserved {
@@ -254,7 +357,7 @@ impl Instances {
         }
     }
 
-    fn fresh(&self, memory: Option<OwnedSemaphorePermit>) -> Instance {
+    fn fresh(&self, memory: Option<OwnedSemaphorePermit>, slot: SlotPermit) -> Instance {
         let compiled = &self.module.compiled;
         let state = StoreState::new(self.setup.clone(), self.limits.memory, self.lane.clone());
         let mut store = Store::new(&compiled.engine, state);
@@ -277,6 +380,7 @@ impl Instances {
             uses: 0,
             idle_since: Instant::now(),
             memory,
+            _slot: slot,
         }
     }
 

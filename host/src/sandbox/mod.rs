@@ -16,9 +16,12 @@ mod output;
 mod store;
 
 pub use cpu::CpuLane;
-pub use engine::Sandbox;
+pub use engine::{PoolSize, Sandbox};
 pub use grants::{Denied, Grants, Output};
-pub use instances::{CallLimits, InstancePolicy, Instances, MemoryBudget, MemoryHeld, Reserved};
+pub use instances::{
+    CallLimits, InstancePolicy, InstanceSlots, Instances, MemoryBudget, MemoryHeld, PoolNeeds,
+    Reserved,
+};
 pub use module::{Failure, LoadError, LogTags, Module};
 
 /// Bindings generated from `wit/handler.wit`.

@@ -7,8 +7,13 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Trap};
 
 use super::bindings::HandlerPre;
+use super::engine::{MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT};
+use super::instances::PoolNeeds;
 use super::grants::Denied;
 use super::store::StoreState;
+
+/// The unit linear memory is sized in.
+const WASM_PAGE: u64 = 64 * 1024;
 
 /// A module that could not be made ready to run.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +125,8 @@ pub(super) struct Compiled {
     pub(super) engine: Engine,
     pub(super) pre: HandlerPre<StoreState>,
     version: Arc<str>,
+    needs: PoolNeeds,
+    initial_memory: u64,
 }
 
 impl Module {
@@ -137,6 +144,37 @@ impl Module {
         };
         let component = Component::new(engine, bytes)
             .map_err(|e| fail(format!("is not a valid wasm component: {e:?}")))?;
+        // A component whose core modules are imported cannot be measured;
+        // count it at the most a component may take.
+        let (needs, initial_memory) = match component.resources_required() {
+            Some(required) => {
+                if required.num_memories > MAX_MEMORIES_PER_COMPONENT {
+                    return Err(fail(format!(
+                        "defines {} linear memories; a handler may define at most {MAX_MEMORIES_PER_COMPONENT}",
+                        required.num_memories
+                    )));
+                }
+                if required.num_tables > MAX_TABLES_PER_COMPONENT {
+                    return Err(fail(format!(
+                        "defines {} tables; a handler may define at most {MAX_TABLES_PER_COMPONENT}",
+                        required.num_tables
+                    )));
+                }
+                let pages = required.max_initial_memory_size.unwrap_or(0);
+                let needs = PoolNeeds {
+                    memories: required.num_memories,
+                    tables: required.num_tables,
+                };
+                (needs, pages.saturating_mul(WASM_PAGE))
+            }
+            None => (
+                PoolNeeds {
+                    memories: MAX_MEMORIES_PER_COMPONENT,
+                    tables: MAX_TABLES_PER_COMPONENT,
+                },
+                0,
+            ),
+        };
         let instance_pre = linker
             .instantiate_pre(&component)
             .map_err(|e| fail(format!("imports something wharf does not provide: {e:?}")))?;
@@ -150,6 +188,8 @@ impl Module {
                 engine: engine.clone(),
                 pre,
                 version,
+                needs,
+                initial_memory,
             }),
             path: path.into(),
         })
@@ -166,6 +206,17 @@ impl Module {
     /// The component file this module was compiled from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What one instance takes from the host's instance pool.
+    pub fn pool_needs(&self) -> PoolNeeds {
+        self.compiled.needs
+    }
+
+    /// The linear memory the module asks for when it starts, in bytes
+    /// (the largest of its memories' initial sizes).
+    pub fn initial_memory(&self) -> u64 {
+        self.compiled.initial_memory
     }
 
     /// A digest of the component's bytes: equal for equal files, so logs and

@@ -10,7 +10,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use super::grants::Output;
-use super::store::{InstanceSetup, MAX_LOG_LINE, truncate};
+use super::store::{InstanceSetup, MAX_LOG_LINE, escape_controls, truncate};
 
 /// Bytes of output kept per stream and delivery; the rest is counted and
 /// dropped, so a chatty or hostile guest cannot flood the log.
@@ -91,7 +91,7 @@ impl Lines {
             mount = &*tags.mount,
             stream = self.stream,
             "{}",
-            truncate(&text, MAX_LOG_LINE)
+            escape_controls(truncate(&text, MAX_LOG_LINE))
         );
     }
 }

@@ -16,6 +16,9 @@ use super::output::LogOutput;
 /// streams); the rest is cut so a handler cannot flood the host's log.
 pub(crate) const MAX_LOG_LINE: usize = 4096;
 
+/// Bytes of `log` calls kept per delivery; the rest is counted and dropped.
+const MAX_LOG_PER_CALL: usize = 64 * 1024;
+
 /// What every instance of one mount's module shares.
 pub(crate) struct InstanceSetup {
     pub(crate) tags: Arc<LogTags>,
@@ -57,6 +60,8 @@ pub(crate) struct StoreState {
     pub(crate) cpu: CpuUse,
     stdout: LogOutput,
     stderr: LogOutput,
+    /// Bytes logged through the `log` import during this call.
+    logged: usize,
 }
 
 impl StoreState {
@@ -83,6 +88,7 @@ impl StoreState {
             cpu: CpuUse::new(lane),
             stdout,
             stderr,
+            logged: 0,
         }
     }
 
@@ -90,6 +96,7 @@ impl StoreState {
     pub(crate) fn begin_call(&mut self, deadline: Instant) {
         self.deadline = deadline;
         self.memory.refused = false;
+        self.logged = 0;
         self.cpu.reset();
     }
 
@@ -127,7 +134,13 @@ impl WasiView for StoreState {
 
 impl LogHost for StoreState {
     fn log(&mut self, level: Level, message: String) {
-        let message = truncate(&message, MAX_LOG_LINE);
+        let room = MAX_LOG_PER_CALL.saturating_sub(self.logged);
+        if message.len() > room {
+            self.setup.output_dropped(message.len());
+            return;
+        }
+        self.logged += message.len();
+        let message = escape_controls(truncate(&message, MAX_LOG_LINE));
         let tags = &self.setup.tags;
         let (tenant, mount) = (&*tags.tenant, &*tags.mount);
         match level {
@@ -138,6 +151,24 @@ impl LogHost for StoreState {
             Level::Error => tracing::error!(target: "wharf::guest", tenant, mount, "{message}"),
         }
     }
+}
+
+/// `text` with control characters (newlines, carriage returns, escape
+/// sequences) written out as escapes, so a guest cannot forge log lines or
+/// drive the operator's terminal. Tabs stay.
+pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\t') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
 }
 
 pub(crate) fn truncate(text: &str, max: usize) -> &str {
@@ -199,3 +230,17 @@ impl ResourceLimiter for MemoryLimit {
 }
 
 impl super::bindings::wharf::handler::types::Host for StoreState {}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_controls;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(escape_controls("plain\ttext"), "plain\ttext");
+        assert_eq!(
+            escape_controls("ok\nlevel=ERROR tenant=other forged\r\u{1b}[2J"),
+            "ok\\nlevel=ERROR tenant=other forged\\r\\u{1b}[2J"
+        );
+    }
+}

@@ -3,11 +3,16 @@
 //! [`plan`] is a pure function from what is known about a delivery and its
 //! mount to a [`Plan`]: which disposition to send, what to publish first, and
 //! what to fall back to if that publish fails. The broker side carries plans
-//! out; nothing here knows about sockets or wasm.
+//! out; nothing here knows about sockets or wasm. [`outcome_of`] holds the
+//! rules for turning what the handler did (or failed to do) into an
+//! [`Outcome`].
+
+mod outcome;
 
 use std::time::Duration;
 
 use crate::config::Settle;
+pub use outcome::{HandlerResult, outcome_of};
 
 /// The application property that counts the host's retry copies.
 pub const RETRY_COUNT_PROPERTY: &str = "x-ruststream-retry-count";
@@ -59,11 +64,35 @@ impl Counters {
     }
 
     /// A copy is counted by the host, not the broker: it has no header
-    /// section, or carries the host's retry count (some brokers add a header
-    /// of their own to every message, with a counter that never moves).
+    /// section, or carries the host's retry count (copies keep the
+    /// original's header for durability, and some brokers add a header of
+    /// their own to every message, with a counter that never moves).
     pub fn is_copy(&self) -> bool {
         self.delivery_count.is_none() || self.retry_count.is_some()
     }
+}
+
+/// How `retry` below the limit asks for another attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryPath {
+    /// Settle `modified`: the broker puts the message back and counts the
+    /// redelivery.
+    Modified,
+    /// Publish a copy carrying the host's retry count, then accept the
+    /// original: for brokers that refuse `modified` or count nothing.
+    Copy,
+}
+
+/// Where a `retry-after` copy waits out its delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayPath {
+    /// On the broker: the copy is published at once with a delivery time
+    /// (Artemis' `x-opt-delivery-time`), then the original is settled.
+    Scheduled,
+    /// In the host, with the original still unsettled: after the delay the
+    /// copy is published, then the original is settled. A crash meanwhile
+    /// leaves the original on the broker.
+    Held,
 }
 
 /// What a mount declares and its broker supports; fixed for a link's life.
@@ -75,9 +104,16 @@ pub struct Policy {
     pub max_attempts: Option<u32>,
     /// Whether the mount declares a dead-letter address.
     pub dead_letter: bool,
-    /// Whether the broker takes `modified` on this link. Without it, `retry`
-    /// takes the copy path so the attempt limit still works.
+    /// How `retry` below the limit is carried out.
+    pub retry: RetryPath,
+    /// Whether the broker takes `modified`. Where it does not, a delivery
+    /// whose publish failed is handed back `released` instead.
     pub modified_supported: bool,
+    /// Where `retry-after` copies wait.
+    pub delay: DelayPath,
+    /// How the original of a `retry-after` is settled once its copy is
+    /// accepted: `rejected` (the contract) or `accepted`.
+    pub retry_after_original: Disposition,
 }
 
 /// A message the host owes the broker before (or instead of) settling.
@@ -85,31 +121,64 @@ pub struct Policy {
 pub enum Publish {
     /// The delivery exactly as it arrived, to the dead-letter address, now.
     DeadLetter,
-    /// A copy (no header, `x-ruststream-retry-count = retry_count`) to the
-    /// subscription address after `delay`.
+    /// A copy (`x-ruststream-retry-count = retry_count`) to the subscription
+    /// address, due after `delay`.
     Copy {
         /// The copy's retry count: the delivery's plus one.
         retry_count: u32,
-        /// How long to wait before publishing.
+        /// How long until the copy is due.
         delay: Duration,
+        /// Where it waits.
+        path: DelayPath,
     },
 }
 
-/// Everything the host does for one outcome, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Plan {
-    /// Send this disposition before anything else.
-    pub settle_now: Option<Disposition>,
-    /// Then publish this.
-    pub publish: Option<Publish>,
-    /// Once the broker has accepted the publish, send this disposition.
-    pub settle_after_publish: Option<Disposition>,
-    /// If the publish fails while the delivery is still unsettled, send this
-    /// instead, so the broker keeps the message.
-    pub on_publish_failure: Option<Disposition>,
-    /// The outcome cannot act on the broker: the delivery was settled on
-    /// receipt (`AckError::Unsupported`).
-    pub unsupported: bool,
+/// Everything the host does for one outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Send this disposition.
+    Settle(Disposition),
+    /// Publish, and once the broker has accepted it settle `then`; if the
+    /// publish fails, settle `otherwise` so the broker keeps the message.
+    PublishThenSettle {
+        /// What to publish.
+        publish: Publish,
+        /// The disposition once the publish is accepted.
+        then: Disposition,
+        /// The disposition if it is not.
+        otherwise: Disposition,
+    },
+    /// At most once: the delivery was settled on receipt, so only a publish
+    /// (if any) can act; `unsupported` when the outcome asked for more
+    /// (`AckError::Unsupported`).
+    Presettled {
+        /// What to publish, if anything.
+        publish: Option<Publish>,
+        /// The outcome cannot act on the broker.
+        unsupported: bool,
+    },
+}
+
+impl Plan {
+    /// What the plan publishes, if anything.
+    pub fn publish(&self) -> Option<Publish> {
+        match *self {
+            Plan::Settle(_) => None,
+            Plan::PublishThenSettle { publish, .. } => Some(publish),
+            Plan::Presettled { publish, .. } => publish,
+        }
+    }
+
+    /// Whether the outcome could not act: `AckError::Unsupported`.
+    pub fn unsupported(&self) -> bool {
+        matches!(
+            self,
+            Plan::Presettled {
+                unsupported: true,
+                ..
+            }
+        )
+    }
 }
 
 /// Decides what to do with a delivery once its handler's outcome is known.
@@ -122,43 +191,53 @@ pub fn plan(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan {
 
 fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan {
     let delay = match outcome {
-        Outcome::Ack => return settle(Disposition::Accepted),
-        Outcome::Drop => return settle(Disposition::Rejected),
-        Outcome::Retry => Duration::ZERO,
-        Outcome::RetryAfter(delay) => delay,
+        Outcome::Ack => return Plan::Settle(Disposition::Accepted),
+        Outcome::Drop => return Plan::Settle(Disposition::Rejected),
+        Outcome::Retry => None,
+        Outcome::RetryAfter(delay) => Some(delay),
     };
     let keep = if policy.modified_supported {
         Disposition::Modified
     } else {
         Disposition::Released
     };
+    let publish_then = |publish, then| Plan::PublishThenSettle {
+        publish,
+        then,
+        otherwise: keep,
+    };
     if stops_retrying(policy, counters) {
         return if policy.dead_letter {
-            publish_then_accept(Publish::DeadLetter, keep)
+            publish_then(Publish::DeadLetter, Disposition::Accepted)
         } else {
-            settle(Disposition::Rejected)
+            Plan::Settle(Disposition::Rejected)
         };
     }
-    let copy = next_copy(counters, delay);
-    match outcome {
-        Outcome::RetryAfter(_) => Plan {
-            settle_now: Some(Disposition::Rejected),
-            publish: Some(copy),
-            ..Plan::default()
-        },
-        _ if !policy.modified_supported => publish_then_accept(copy, keep),
-        _ if counters.is_copy() && policy.max_attempts.is_some() => publish_then_accept(copy, keep),
-        _ => settle(Disposition::Modified),
+    match delay {
+        Some(delay) => publish_then(
+            next_copy(counters, delay, policy.delay),
+            policy.retry_after_original,
+        ),
+        // A copy carries its own count forward; a redelivery would lose it.
+        None if policy.retry == RetryPath::Copy
+            || (counters.is_copy() && policy.max_attempts.is_some()) =>
+        {
+            publish_then(
+                next_copy(counters, Duration::ZERO, policy.delay),
+                Disposition::Accepted,
+            )
+        }
+        None => Plan::Settle(Disposition::Modified),
     }
 }
 
 fn at_most_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan {
     let (delay, unsupported) = match outcome {
-        Outcome::Ack | Outcome::Drop => return unsupported(),
+        Outcome::Ack | Outcome::Drop => return nothing_presettled(),
         // The broker's counter cannot move for a settled delivery; only the
         // host's own count on a copy can carry a limited retry forward.
         Outcome::Retry if policy.max_attempts.is_none() || !counters.is_copy() => {
-            return unsupported();
+            return nothing_presettled();
         }
         Outcome::Retry => (Duration::ZERO, true),
         Outcome::RetryAfter(delay) => (delay, false),
@@ -166,12 +245,11 @@ fn at_most_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan 
     let publish = if stops_retrying(policy, counters) {
         policy.dead_letter.then_some(Publish::DeadLetter)
     } else {
-        Some(next_copy(counters, delay))
+        Some(next_copy(counters, delay, policy.delay))
     };
-    Plan {
+    Plan::Presettled {
         publish,
         unsupported,
-        ..Plan::default()
     }
 }
 
@@ -184,33 +262,18 @@ fn stops_retrying(policy: &Policy, counters: &Counters) -> bool {
     }
 }
 
-fn next_copy(counters: &Counters, delay: Duration) -> Publish {
+fn next_copy(counters: &Counters, delay: Duration, path: DelayPath) -> Publish {
     Publish::Copy {
         retry_count: counters.retry_count.unwrap_or(0).saturating_add(1),
         delay,
+        path,
     }
 }
 
-fn settle(disposition: Disposition) -> Plan {
-    Plan {
-        settle_now: Some(disposition),
-        ..Plan::default()
-    }
-}
-
-fn publish_then_accept(publish: Publish, keep: Disposition) -> Plan {
-    Plan {
-        publish: Some(publish),
-        settle_after_publish: Some(Disposition::Accepted),
-        on_publish_failure: Some(keep),
-        ..Plan::default()
-    }
-}
-
-fn unsupported() -> Plan {
-    Plan {
+fn nothing_presettled() -> Plan {
+    Plan::Presettled {
+        publish: None,
         unsupported: true,
-        ..Plan::default()
     }
 }
 

@@ -13,7 +13,10 @@ fn policy(settle: Settle, max_attempts: Option<u32>, dead_letter: bool) -> Polic
         settle,
         max_attempts,
         dead_letter,
+        retry: RetryPath::Modified,
         modified_supported: true,
+        delay: DelayPath::Scheduled,
+        retry_after_original: Disposition::Rejected,
     }
 }
 
@@ -32,23 +35,38 @@ fn copy(retry_count: Option<u32>) -> Counters {
 }
 
 fn settles(d: Disposition) -> Plan {
-    Plan {
-        settle_now: Some(d),
-        ..Plan::default()
+    Plan::Settle(d)
+}
+
+fn publish_then(publish: Publish, then: Disposition, otherwise: Disposition) -> Plan {
+    Plan::PublishThenSettle {
+        publish,
+        then,
+        otherwise,
     }
 }
 
 fn dead_letter_then_accept() -> Plan {
-    Plan {
-        publish: Some(Publish::DeadLetter),
-        settle_after_publish: Some(Disposition::Accepted),
-        on_publish_failure: Some(Disposition::Modified),
-        ..Plan::default()
-    }
+    publish_then(
+        Publish::DeadLetter,
+        Disposition::Accepted,
+        Disposition::Modified,
+    )
 }
 
 fn copy_of(retry_count: u32, delay: Duration) -> Publish {
-    Publish::Copy { retry_count, delay }
+    Publish::Copy {
+        retry_count,
+        delay,
+        path: DelayPath::Scheduled,
+    }
+}
+
+fn presettled(publish: Option<Publish>, unsupported: bool) -> Plan {
+    Plan::Presettled {
+        publish,
+        unsupported,
+    }
 }
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -121,11 +139,47 @@ fn vector_08_retry_after_rejects_then_copies_later() {
     );
     assert_eq!(
         p,
-        Plan {
-            settle_now: Some(Disposition::Rejected),
-            publish: Some(copy_of(1, delay)),
-            ..Plan::default()
-        }
+        publish_then(
+            copy_of(1, delay),
+            Disposition::Rejected,
+            Disposition::Modified
+        )
+    );
+}
+
+#[test]
+fn vector_08_held_where_the_broker_cannot_schedule() {
+    let delay = Duration::from_secs(2);
+    let held = Policy {
+        delay: DelayPath::Held,
+        ..policy(ALO, None, false)
+    };
+    let p = plan(&held, &header(0), Outcome::RetryAfter(delay));
+    let copy = Publish::Copy {
+        retry_count: 1,
+        delay,
+        path: DelayPath::Held,
+    };
+    assert_eq!(
+        p,
+        publish_then(copy, Disposition::Rejected, Disposition::Modified)
+    );
+}
+
+#[test]
+fn retry_after_may_accept_the_original_instead() {
+    let accepting = Policy {
+        retry_after_original: Disposition::Accepted,
+        ..policy(ALO, None, false)
+    };
+    let p = plan(&accepting, &header(0), Outcome::RetryAfter(SECOND));
+    assert_eq!(
+        p,
+        publish_then(
+            copy_of(1, SECOND),
+            Disposition::Accepted,
+            Disposition::Modified
+        )
     );
 }
 
@@ -134,12 +188,11 @@ fn vector_09_retry_of_a_copy_below_limit_copies_now_then_accepts() {
     let p = plan(&policy(ALO, Some(3), false), &copy(Some(1)), Outcome::Retry);
     assert_eq!(
         p,
-        Plan {
-            publish: Some(copy_of(2, Duration::ZERO)),
-            settle_after_publish: Some(Disposition::Accepted),
-            on_publish_failure: Some(Disposition::Modified),
-            ..Plan::default()
-        }
+        publish_then(
+            copy_of(2, Duration::ZERO),
+            Disposition::Accepted,
+            Disposition::Modified
+        )
     );
 }
 
@@ -158,13 +211,7 @@ fn vector_12_at_most_once_ack_and_drop_are_unsupported() {
     for outcome in [Outcome::Ack, Outcome::Drop] {
         for counters in [header(0), copy(None), copy(Some(3))] {
             let p = plan(&policy(AMO, None, false), &counters, outcome);
-            assert_eq!(
-                p,
-                Plan {
-                    unsupported: true,
-                    ..Plan::default()
-                }
-            );
+            assert_eq!(p, presettled(None, true));
         }
     }
 }
@@ -172,26 +219,13 @@ fn vector_12_at_most_once_ack_and_drop_are_unsupported() {
 #[test]
 fn vector_13_at_most_once_retry_with_broker_counter_is_unsupported() {
     let p = plan(&policy(AMO, Some(3), false), &header(0), Outcome::Retry);
-    assert_eq!(
-        p,
-        Plan {
-            unsupported: true,
-            ..Plan::default()
-        }
-    );
+    assert_eq!(p, presettled(None, true));
 }
 
 #[test]
 fn vector_14_at_most_once_retry_without_counter_copies_at_once() {
     let p = plan(&policy(AMO, Some(3), false), &copy(None), Outcome::Retry);
-    assert_eq!(
-        p,
-        Plan {
-            publish: Some(copy_of(1, Duration::ZERO)),
-            unsupported: true,
-            ..Plan::default()
-        }
-    );
+    assert_eq!(p, presettled(Some(copy_of(1, Duration::ZERO)), true));
 }
 
 #[test]
@@ -201,26 +235,13 @@ fn vector_15_at_most_once_retry_after_copies_later() {
         &copy(None),
         Outcome::RetryAfter(SECOND),
     );
-    assert_eq!(
-        p,
-        Plan {
-            publish: Some(copy_of(1, SECOND)),
-            ..Plan::default()
-        }
-    );
+    assert_eq!(p, presettled(Some(copy_of(1, SECOND)), false));
 }
 
 #[test]
 fn vector_16_at_most_once_retry_at_limit_dead_letters() {
     let p = plan(&policy(AMO, Some(2), true), &copy(Some(1)), Outcome::Retry);
-    assert_eq!(
-        p,
-        Plan {
-            publish: Some(Publish::DeadLetter),
-            unsupported: true,
-            ..Plan::default()
-        }
-    );
+    assert_eq!(p, presettled(Some(Publish::DeadLetter), true));
 }
 
 #[test]
@@ -233,17 +254,19 @@ fn vector_17_a_failed_handler_is_planned_as_retry() {
 
 #[test]
 fn without_modified_retry_takes_the_copy_path() {
-    let mut no_modified = policy(ALO, Some(3), false);
-    no_modified.modified_supported = false;
+    let no_modified = Policy {
+        retry: RetryPath::Copy,
+        modified_supported: false,
+        ..policy(ALO, Some(3), false)
+    };
     let p = plan(&no_modified, &header(0), Outcome::Retry);
     assert_eq!(
         p,
-        Plan {
-            publish: Some(copy_of(1, Duration::ZERO)),
-            settle_after_publish: Some(Disposition::Accepted),
-            on_publish_failure: Some(Disposition::Released),
-            ..Plan::default()
-        }
+        publish_then(
+            copy_of(1, Duration::ZERO),
+            Disposition::Accepted,
+            Disposition::Released
+        )
     );
     // At the limit it still stops, and never falls back to `modified`.
     let at_limit = plan(&no_modified, &copy(Some(2)), Outcome::Retry);
@@ -257,7 +280,31 @@ fn at_most_once_at_limit_without_dla_publishes_nothing() {
         &copy(Some(1)),
         Outcome::RetryAfter(SECOND),
     );
-    assert_eq!(p, Plan::default());
+    assert_eq!(p, presettled(None, false));
+}
+
+#[test]
+fn a_broker_that_counts_nothing_gets_copies_even_with_modified() {
+    let uncounted = Policy {
+        retry: RetryPath::Copy,
+        ..policy(ALO, Some(3), true)
+    };
+    // A classic queue: a header whose count never moves.
+    let p = plan(&uncounted, &header(0), Outcome::Retry);
+    assert_eq!(
+        p,
+        publish_then(
+            copy_of(1, Duration::ZERO),
+            Disposition::Accepted,
+            Disposition::Modified
+        )
+    );
+    // The copies carry the count to the limit.
+    let last = Counters {
+        delivery_count: Some(0),
+        retry_count: Some(2),
+    };
+    assert_eq!(plan(&uncounted, &last, Outcome::Retry), dead_letter_then_accept());
 }
 
 fn any_settle() -> impl Strategy<Value = Settle> {
@@ -270,15 +317,45 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         proptest::option::of(1u32..6),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(settle, max_attempts, dead_letter, modified_supported)| Policy {
+            |(settle, max_attempts, dead_letter, counted, modified, held, accept)| Policy {
                 settle,
                 max_attempts,
                 dead_letter,
-                modified_supported,
+                // Without `modified` there is only the copy path.
+                retry: if counted && modified {
+                    RetryPath::Modified
+                } else {
+                    RetryPath::Copy
+                },
+                modified_supported: modified,
+                delay: if held {
+                    DelayPath::Held
+                } else {
+                    DelayPath::Scheduled
+                },
+                retry_after_original: if accept {
+                    Disposition::Accepted
+                } else {
+                    Disposition::Rejected
+                },
             },
         )
+}
+
+/// Every disposition a plan may send.
+fn dispositions(p: &Plan) -> Vec<Disposition> {
+    match *p {
+        Plan::Settle(d) => vec![d],
+        Plan::PublishThenSettle {
+            then, otherwise, ..
+        } => vec![then, otherwise],
+        Plan::Presettled { .. } => vec![],
+    }
 }
 
 fn any_counters() -> impl Strategy<Value = Counters> {
@@ -307,10 +384,12 @@ proptest! {
         policy in any_policy(), counters in any_counters(), outcome in any_outcome()
     ) {
         let p = plan(&Policy { settle: ALO, ..policy }, &counters, outcome);
-        prop_assert!(p.settle_now.is_some() != p.settle_after_publish.is_some());
-        prop_assert!(!p.unsupported);
-        // A disposition that waits for a publish always has a fallback.
-        prop_assert_eq!(p.settle_after_publish.is_some(), p.on_publish_failure.is_some());
+        prop_assert!(!matches!(p, Plan::Presettled { .. }), "at least once is never presettled");
+        prop_assert!(!p.unsupported());
+        // The fallback of a failed publish keeps the message on the broker.
+        if let Plan::PublishThenSettle { otherwise, .. } = p {
+            prop_assert!(matches!(otherwise, Disposition::Modified | Disposition::Released));
+        }
     }
 
     #[test]
@@ -318,15 +397,14 @@ proptest! {
         policy in any_policy(), counters in any_counters(), outcome in any_outcome()
     ) {
         let p = plan(&Policy { settle: AMO, ..policy }, &counters, outcome);
-        prop_assert_eq!(p.settle_now, None);
-        prop_assert_eq!(p.settle_after_publish, None);
+        prop_assert!(matches!(p, Plan::Presettled { .. }), "at most once is always presettled");
     }
 
     #[test]
     fn copies_only_count_up(
         policy in any_policy(), counters in any_counters(), outcome in any_outcome()
     ) {
-        if let Some(Publish::Copy { retry_count, .. }) = plan(&policy, &counters, outcome).publish {
+        if let Some(Publish::Copy { retry_count, .. }) = plan(&policy, &counters, outcome).publish() {
             prop_assert_eq!(retry_count, counters.retry_count.unwrap_or(0) + 1);
             let next = Counters { delivery_count: None, retry_count: Some(retry_count) };
             prop_assert!(next.attempt() > counters.retry_count.unwrap_or(0) + 1);
@@ -338,7 +416,7 @@ proptest! {
         policy in any_policy(), counters in any_counters(), outcome in any_outcome()
     ) {
         let p = plan(&policy, &counters, outcome);
-        if let (Some(limit), Some(Publish::Copy { .. })) = (policy.max_attempts, p.publish) {
+        if let (Some(limit), Some(Publish::Copy { .. })) = (policy.max_attempts, p.publish()) {
             prop_assert!(counters.attempt() < limit);
         }
     }
@@ -347,12 +425,11 @@ proptest! {
     fn released_and_modified_follow_broker_support(
         policy in any_policy(), counters in any_counters(), outcome in any_outcome()
     ) {
-        let p = plan(&policy, &counters, outcome);
-        let sent = [p.settle_now, p.settle_after_publish, p.on_publish_failure];
+        let sent = dispositions(&plan(&policy, &counters, outcome));
         if !policy.modified_supported {
-            prop_assert!(!sent.contains(&Some(Disposition::Modified)));
+            prop_assert!(!sent.contains(&Disposition::Modified));
         } else {
-            prop_assert!(!sent.contains(&Some(Disposition::Released)));
+            prop_assert!(!sent.contains(&Disposition::Released));
         }
     }
 
@@ -361,7 +438,7 @@ proptest! {
         policy in any_policy(), counters in any_counters()
     ) {
         for outcome in [Outcome::Ack, Outcome::Drop] {
-            prop_assert_eq!(plan(&policy, &counters, outcome).publish, None);
+            prop_assert_eq!(plan(&policy, &counters, outcome).publish(), None);
         }
     }
 }

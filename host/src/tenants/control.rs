@@ -1,24 +1,27 @@
-//! The control task: owns the connections and the running mounts, applies
-//! config and module reloads, and drains everything on shutdown.
+//! The control task: owns the broker pools and the running mounts, applies
+//! config and module reloads, and drains everything on shutdown. It never
+//! waits on a broker without also listening for the stop, so SIGTERM is
+//! acted on in every state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::TenantLimits;
-use super::mount::{AttachedMount, ModuleSlot, instances_for};
+use super::load_modules;
+use super::mount::{self, AttachedMount, ModuleSlot, MountSpec, instances_for};
+use super::reload::{self, Change, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
-use super::{HostError, MountError, load_modules};
 use crate::admin::{Health, Metrics};
-use crate::broker::{BrokerConnection, BrokerError};
+use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
 use crate::config::{Broker, Config, Mount, Tenant};
 use crate::events::{ConfigChange, Event};
-use crate::sandbox::{LogTags, Module, Sandbox};
+use crate::sandbox::{InstanceSlots, LogTags, Module, Sandbox};
 
 /// What the [`super::RunningHost`] asks of the control task.
 pub(super) enum Command {
@@ -26,83 +29,95 @@ pub(super) enum Command {
     Shutdown,
 }
 
-/// `(tenant, mount)`.
-type MountKey = (String, String);
+/// Numbers each attach of a mount, so old and new links of a replaced
+/// mount never share a name.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// A mount at work, as the control task sees it.
 struct RunningMount {
-    config: Mount,
-    tags: Arc<LogTags>,
-    slot: Arc<ModuleSlot>,
+    spec: Arc<MountSpec>,
+    placement: Placement,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
-/// A tenant's shared state: its budget and, if it has one, its own
-/// connection.
+/// A tenant's shared state: its budget and its broker pool (its own, or
+/// the host's).
 struct TenantState {
-    config: Tenant,
+    placement: Placement,
     limits: Arc<TenantLimits>,
-    connection: Option<BrokerConnection>,
+    pool: BrokerPool,
 }
 
 pub(super) struct Control {
     config: Config,
     sandbox: Sandbox,
-    /// The host's default connection; `None` once closed.
-    connection: Option<BrokerConnection>,
+    slots: InstanceSlots,
+    default_pool: BrokerPool,
     tenants: HashMap<String, TenantState>,
     mounts: BTreeMap<MountKey, RunningMount>,
-    ended: mpsc::UnboundedSender<(MountKey, Result<(), BrokerError>)>,
-    ended_inbox: mpsc::UnboundedReceiver<(MountKey, Result<(), BrokerError>)>,
-    failures: mpsc::UnboundedSender<HostError>,
     watcher: FileWatcher,
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// Cancelled by a shutdown request, so waits on a broker end at once.
+    stopping: CancellationToken,
+}
+
+/// A broker pool for `broker`.
+fn pool(broker: &Broker) -> BrokerPool {
+    let endpoints = broker
+        .urls
+        .iter()
+        .map(|url| Endpoint::parse(url).expect("urls are checked when the config loads"))
+        .collect();
+    let options = ConnectOptions {
+        container_id: broker.container_id.clone(),
+        connect_timeout: broker.connect_timeout,
+        idle_timeout: broker.idle_timeout,
+        begin_timeout: broker.attach_timeout,
+    };
+    BrokerPool::new(endpoints, options, broker.reconnect)
 }
 
 impl Control {
-    /// Connects and attaches every mount of `config`; on any failure,
-    /// detaches what was attached and says which mount failed.
-    pub(super) async fn start(
+    /// Starts every mount of `config`; each attaches on its own and keeps
+    /// trying while its broker cannot be reached.
+    #[allow(clippy::too_many_arguments, reason = "the host hands over everything it made")]
+    pub(super) fn start(
         config: Config,
         modules: Vec<Module>,
         sandbox: Sandbox,
+        slots: InstanceSlots,
         events: broadcast::Sender<Event>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
-    ) -> Result<(Control, mpsc::UnboundedReceiver<HostError>), HostError> {
-        let connection = open(&config.broker).await?;
-        let (ended, ended_inbox) = mpsc::unbounded_channel();
-        let (failures, failures_inbox) = mpsc::unbounded_channel();
+        stopping: CancellationToken,
+    ) -> Control {
         let mut control = Control {
+            default_pool: pool(&config.broker),
             config: config.clone(),
             sandbox,
-            connection: Some(connection),
+            slots,
             tenants: HashMap::new(),
             mounts: BTreeMap::new(),
-            ended,
-            ended_inbox,
-            failures,
             watcher: FileWatcher::new(),
             events,
             metrics,
             health,
+            stopping,
         };
         for ((tenant, mount), module) in config.mounts().zip(modules) {
-            if let Err(e) = control.attach(tenant, mount, module).await {
-                control.stop_all().await;
-                return Err(e);
-            }
+            let spec = control.spec(tenant, mount, module);
+            control.spawn(tenant, spec, None);
         }
         control.watch_files();
         control.health.set_serving(true);
-        Ok((control, failures_inbox))
+        control
     }
 
-    /// Serves commands, file changes and mount endings until shutdown or a
-    /// failed link, then drains every mount.
+    /// Serves commands and file changes until shutdown, then drains every
+    /// mount.
     pub(super) async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
             tokio::select! {
@@ -120,103 +135,83 @@ impl Control {
                         self.reload_module(path).await;
                     }
                 }
-                Some((key, result)) = self.ended_inbox.recv() => {
-                    if let Err(source) = result
-                        && self.mounts.contains_key(&key)
-                    {
-                        let failure = MountError { tenant: key.0, mount: key.1, source };
-                        if !self.stop_tenant_after(&failure).await {
-                            let _ = self.failures.send(HostError::Broker(failure));
-                            break;
-                        }
-                    }
-                }
             }
         }
         self.health.set_serving(false);
         self.stop_all().await;
     }
 
-    /// Attaches one mount with its compiled module.
-    async fn attach(
-        &mut self,
-        tenant: &Tenant,
-        mount: &Mount,
-        module: Module,
-    ) -> Result<(), HostError> {
-        let fail = |source| {
-            HostError::Broker(MountError {
-                tenant: tenant.name.clone(),
-                mount: mount.name.clone(),
-                source,
-            })
-        };
-        if !self.tenants.contains_key(&tenant.name) {
-            let connection = match &tenant.broker {
-                Some(broker) => Some(open(broker).await?),
-                None => None,
-            };
-            let state = TenantState {
-                config: tenant.clone(),
+    /// The tenant's state, made on first use.
+    fn tenant(&mut self, tenant: &Tenant) -> &TenantState {
+        let default_pool = &self.default_pool;
+        self.tenants
+            .entry(tenant.name.clone())
+            .or_insert_with(|| TenantState {
+                placement: placement(tenant),
                 limits: TenantLimits::new(tenant.budget),
-                connection,
-            };
-            self.tenants.insert(tenant.name.clone(), state);
-        }
-        let state = self.tenants.get_mut(&tenant.name).expect("inserted above");
+                pool: tenant.broker.as_ref().map_or_else(|| default_pool.clone(), pool),
+            })
+    }
+
+    /// What a mount of `tenant` runs with.
+    fn spec(&mut self, tenant: &Tenant, mount: &Mount, module: Module) -> Arc<MountSpec> {
+        let broker = tenant.broker.clone().unwrap_or_else(|| self.config.broker.clone());
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let tags = Arc::new(LogTags {
             tenant: tenant.name.as_str().into(),
             mount: mount.name.as_str().into(),
         });
+        let slots = self.slots.clone();
+        let limits = self.tenant(tenant).limits.clone();
         let slot = Arc::new(ModuleSlot::new(instances_for(
-            mount,
-            module,
-            &tags,
-            &state.limits,
+            mount, module, &tags, &limits, &slots,
         )));
-        let Some(connection) = state.connection.as_mut().or(self.connection.as_mut()) else {
-            return Err(fail(BrokerError::Connect {
-                url: "(default)".to_owned(),
-                reason: "the connection is closed".to_owned(),
-            }));
-        };
-        let attached = AttachedMount::attach(
-            connection,
+        Arc::new(MountSpec::new(
             tags.clone(),
-            mount,
-            slot.clone(),
-            state.limits.clone(),
-            &self.events,
-            self.metrics.mount(&tags),
-        )
-        .await
-        .map_err(fail)?;
-        let stop = CancellationToken::new();
-        let key = (tenant.name.clone(), mount.name.clone());
-        let task = tokio::spawn(run_mount(
-            attached,
-            key.clone(),
-            stop.clone(),
-            self.config.host.shutdown_grace,
+            mount.clone(),
+            broker,
+            slot,
+            limits,
             self.events.clone(),
-            self.metrics.clone(),
-            self.ended.clone(),
-        ));
+            self.metrics.mount(&tags),
+            self.config.host.shutdown_grace,
+            generation,
+        ))
+    }
+
+    /// Supervises a mount from now on, starting with `attached` if the
+    /// caller attached it already.
+    fn spawn(&mut self, tenant: &Tenant, spec: Arc<MountSpec>, attached: Option<AttachedMount>) {
+        let state = self.tenant(tenant);
+        let (pool, placement) = (state.pool.clone(), state.placement.clone());
+        let stop = CancellationToken::new();
+        self.metrics.mounts_running(1);
+        let metrics = self.metrics.clone();
+        let events = self.events.clone();
+        let health = self.health.clone();
+        let running_spec = spec.clone();
+        let mount_stop = stop.clone();
+        let task = tokio::spawn(async move {
+            mount::supervise(running_spec.clone(), pool, attached, mount_stop, health).await;
+            metrics.mounts_running(-1);
+            let _ = events.send(Event::MountStopped {
+                tenant: running_spec.tags.tenant.clone(),
+                mount: running_spec.tags.mount.clone(),
+            });
+        });
+        let key = (tenant.name.clone(), spec.config.name.clone());
         self.mounts.insert(
             key,
             RunningMount {
-                config: mount.clone(),
-                tags,
-                slot,
+                spec,
+                placement,
                 stop,
                 task,
             },
         );
-        Ok(())
     }
 
-    /// Drains the given mounts together and forgets them; tenants left
-    /// without mounts close their own connections.
+    /// Drains the given mounts together.
     async fn stop(&mut self, keys: &[MountKey]) {
         let stopping: Vec<RunningMount> = keys
             .iter()
@@ -228,111 +223,92 @@ impl Control {
         for mount in stopping {
             let _ = mount.task.await;
         }
-        let idle: Vec<String> = self
-            .tenants
-            .keys()
-            .filter(|tenant| !self.mounts.keys().any(|(t, _)| t == *tenant))
-            .cloned()
-            .collect();
-        for tenant in idle {
-            self.forget_tenant(&tenant).await;
-        }
     }
 
-    /// Drops a tenant's budget and closes its own connection, if it has one.
-    async fn forget_tenant(&mut self, tenant: &str) {
-        if let Some(TenantState {
-            connection: Some(connection),
-            ..
-        }) = self.tenants.remove(tenant)
-        {
-            connection.close().await;
-        }
-    }
-
-    /// A link failed: if it was on the tenant's own connection, only that
-    /// tenant stops (until the next config reload attaches it again) and
-    /// `true` is returned; on the shared connection the host must stop.
-    async fn stop_tenant_after(&mut self, failure: &MountError<BrokerError>) -> bool {
-        let own_connection = self
-            .tenants
-            .get(&failure.tenant)
-            .is_some_and(|state| state.connection.is_some());
-        if !own_connection {
-            return false;
-        }
-        tracing::error!(
-            "{failure}; stopping tenant `{}` (its own connection) until the next config reload",
-            failure.tenant
-        );
-        let keys: Vec<MountKey> = self
-            .mounts
-            .keys()
-            .filter(|(tenant, _)| *tenant == failure.tenant)
-            .cloned()
-            .collect();
-        self.stop(&keys).await;
-        true
+    /// Forgets tenants left without mounts; their own connections close
+    /// once the last handle to their pool is gone.
+    fn forget_idle_tenants(&mut self) {
+        self.tenants
+            .retain(|name, _| self.mounts.keys().any(|(tenant, _)| tenant == name));
     }
 
     async fn stop_all(&mut self) {
         let keys: Vec<MountKey> = self.mounts.keys().cloned().collect();
         self.stop(&keys).await;
-        if let Some(connection) = self.connection.take() {
-            connection.close().await;
+        let pools: Vec<BrokerPool> = self
+            .tenants
+            .drain()
+            .map(|(_, state)| state.pool)
+            .chain([self.default_pool.clone()])
+            .collect();
+        for pool in pools {
+            pool.close().await;
         }
     }
 
-    /// Compiles a changed module file and swaps it into every mount that
-    /// runs it; a file that does not load leaves the old module serving.
+    /// Compiles a changed module file, checks it instantiates, and swaps it
+    /// into every mount that runs it; a file that does not load leaves the
+    /// old module serving.
     async fn reload_module(&mut self, path: PathBuf) {
         let users: Vec<&RunningMount> = self
             .mounts
             .values()
-            .filter(|m| canonical(&m.config.module).as_ref() == Some(&path))
+            .filter(|m| canonical(&m.spec.config.module).as_ref() == Some(&path))
             .collect();
         let Some(first) = users.first() else {
             return;
         };
         let sandbox = self.sandbox.clone();
-        let file = first.config.module.clone();
+        let file = first.spec.config.module.clone();
         let loaded = tokio::task::spawn_blocking(move || sandbox.load(&file))
             .await
             .map_err(|e| e.to_string())
             .and_then(|loaded| loaded.map_err(|e| e.to_string()));
         for mount in users {
-            let current = mount.slot.current();
-            let metrics = self.metrics.mount(&mount.tags);
-            let (tenant, name) = (&*mount.tags.tenant, &*mount.tags.mount);
+            let spec = &mount.spec;
+            let current = spec.module.current();
+            let (tenant, name) = (&*spec.tags.tenant, &*spec.tags.mount);
             let error = match &loaded {
                 Ok(module) if module.version() == current.module().version() => continue,
                 Ok(module) => {
-                    let limits = &self.tenants[tenant].limits;
-                    let instances =
-                        instances_for(&mount.config, module.clone(), &mount.tags, limits);
-                    mount.slot.replace(instances);
-                    tracing::info!(
-                        tenant,
-                        mount = name,
-                        version = &**module.version(),
-                        "module reloaded"
+                    let instances = instances_for(
+                        &spec.config,
+                        module.clone(),
+                        &spec.tags,
+                        &spec.tenant,
+                        &self.slots,
                     );
-                    None
+                    match instances.probe().await {
+                        Ok(()) => {
+                            spec.module.replace(instances);
+                            tracing::info!(
+                                tenant,
+                                mount = name,
+                                version = &**module.version(),
+                                "module reloaded"
+                            );
+                            None
+                        }
+                        Err(failure) => Some(format!(
+                            "module `{}` does not start: {failure}",
+                            module.path().display()
+                        )),
+                    }
                 }
-                Err(error) => {
-                    tracing::error!(
-                        tenant,
-                        mount = name,
-                        "module reload refused, the previous version keeps serving: {error}"
-                    );
-                    Some(error.clone())
-                }
+                Err(error) => Some(error.clone()),
             };
-            metrics.module_reloaded(error.is_none());
+            if let Some(error) = &error {
+                tracing::error!(
+                    tenant,
+                    mount = name,
+                    "module reload refused, the previous version keeps serving: {error}"
+                );
+            }
+            spec.metrics.module_reloaded(error.is_none());
             let _ = self.events.send(Event::ModuleReloaded {
-                tenant: mount.tags.tenant.clone(),
-                mount: mount.tags.mount.clone(),
-                version: mount.slot.current().module().version().clone(),
+                tenant: spec.tags.tenant.clone(),
+                mount: spec.tags.mount.clone(),
+                version: spec.module.current().module().version().clone(),
                 error,
             });
         }
@@ -348,7 +324,7 @@ impl Control {
             },
         };
         match &change.error {
-            Some(error) => tracing::error!("config reload refused, nothing changed: {error}"),
+            Some(error) => tracing::error!("config reload failed: {error}"),
             None => tracing::info!(
                 added = ?change.added,
                 removed = ?change.removed,
@@ -375,54 +351,107 @@ impl Control {
         {
             tracing::warn!("[broker], [host] and [admin] changes take effect at the next start");
         }
+        let running = self
+            .mounts
+            .iter()
+            .map(|(key, m)| (key.clone(), (m.spec.config.clone(), m.placement.clone())))
+            .collect();
+        let changes = reload::diff(&running, &reload::wanted(&config));
+        let mut modules: HashMap<MountKey, (Tenant, Mount, Module)> = config
+            .mounts()
+            .zip(modules)
+            .map(|((tenant, mount), module)| {
+                let key = (tenant.name.clone(), mount.name.clone());
+                (key, (tenant.clone(), mount.clone(), module))
+            })
+            .collect();
         let mut change = ConfigChange::default();
-        let mut wanted: BTreeMap<MountKey, (&Tenant, &Mount, Module)> = BTreeMap::new();
-        for ((tenant, mount), module) in config.mounts().zip(modules) {
-            wanted.insert(
-                (tenant.name.clone(), mount.name.clone()),
-                (tenant, mount, module),
-            );
-        }
-        let changed_tenants = self.changed_tenants(&config);
-        let mut stopping = Vec::new();
-        for (key, running) in &self.mounts {
-            let label = format!("{}/{}", key.0, key.1);
-            match wanted.get(key) {
-                None => change.removed.push(label),
-                Some((_, mount, _))
-                    if **mount != running.config || changed_tenants.contains(&key.0) =>
-                {
-                    change.replaced.push(label);
-                }
-                Some(_) => continue,
-            }
-            stopping.push(key.clone());
-        }
-        self.stop(&stopping).await;
-        // Tenants whose budget or broker changed start over with new ones.
-        for tenant in &changed_tenants {
-            self.forget_tenant(tenant).await;
-        }
         let mut errors = Vec::new();
-        for (key, (tenant, mount, module)) in wanted {
-            if self.mounts.contains_key(&key) {
-                continue;
-            }
+        let mut removed = Vec::new();
+        for (key, what) in &changes {
             let label = format!("{}/{}", key.0, key.1);
-            if !change.replaced.contains(&label) {
-                change.added.push(label);
-            }
-            if let Err(e) = self.attach(tenant, mount, module).await {
-                tracing::error!("{e}");
-                errors.push(e.to_string());
+            match what {
+                Change::Keep => {}
+                Change::Remove => {
+                    removed.push(key.clone());
+                    change.removed.push(label);
+                }
+                Change::Add | Change::Replace => {
+                    let (tenant, mount, module) =
+                        modules.remove(key).expect("wanted mounts have modules");
+                    let replaced = *what == Change::Replace;
+                    match self.start_mount(&tenant, &mount, module, replaced).await {
+                        Ok(()) if replaced => change.replaced.push(label),
+                        Ok(()) => change.added.push(label),
+                        Err(error) => errors.push(format!("{label}: {error}")),
+                    }
+                }
             }
         }
+        self.stop(&removed).await;
+        self.forget_idle_tenants();
         if !errors.is_empty() {
             change.error = Some(errors.join("\n"));
         }
         self.config = config;
         self.watch_files();
         change
+    }
+
+    /// Starts a new or changed mount. A changed one is attached before the
+    /// old one drains, so a broker that refuses the new links leaves the
+    /// old mount serving; a new one attaches in the background.
+    async fn start_mount(
+        &mut self,
+        tenant: &Tenant,
+        mount: &Mount,
+        module: Module,
+        replacing: bool,
+    ) -> Result<(), String> {
+        let key = (tenant.name.clone(), mount.name.clone());
+        // A tenant whose budget or broker changed starts over with new ones.
+        let placement = placement(tenant);
+        if self
+            .tenants
+            .get(&tenant.name)
+            .is_some_and(|state| state.placement != placement)
+        {
+            self.tenants.remove(&tenant.name);
+        }
+        let spec = self.spec(tenant, mount, module);
+        spec.module
+            .current()
+            .probe()
+            .await
+            .map_err(|failure| format!("module does not start: {failure}"))?;
+        if !replacing {
+            self.spawn(tenant, spec, None);
+            return Ok(());
+        }
+        let pool = self.tenant(tenant).pool.clone();
+        // Pub/sub nodes give every receiver a copy of each message: the old
+        // mount must be gone before the new one takes its place.
+        let attached = if mount.node == Some(crate::config::Node::Topic) {
+            self.stop(std::slice::from_ref(&key)).await;
+            None
+        } else {
+            let attach = tokio::time::timeout(
+                spec.broker.attach_timeout + spec.broker.connect_timeout,
+                spec.attach(&pool),
+            );
+            let attached = tokio::select! {
+                attached = attach => attached,
+                () = self.stopping.cancelled() => return Err("the host is stopping".to_owned()),
+            };
+            match attached {
+                Ok(Ok(attached)) => Some(attached),
+                Ok(Err(e)) => return Err(format!("{e}; the old mount keeps serving")),
+                Err(_) => return Err("attach timed out; the old mount keeps serving".to_owned()),
+            }
+        };
+        self.stop(std::slice::from_ref(&key)).await;
+        self.spawn(tenant, spec, attached);
+        Ok(())
     }
 
     /// Every module of `config`, compiled off the async runtime.
@@ -436,60 +465,16 @@ impl Control {
         }
     }
 
-    /// Running tenants that `config` removes or gives another budget or
-    /// broker.
-    fn changed_tenants(&self, config: &Config) -> Vec<String> {
-        self.tenants
-            .iter()
-            .filter(|(name, state)| {
-                config
-                    .tenants
-                    .iter()
-                    .find(|t| &t.name == *name)
-                    .is_none_or(|t| {
-                        (&t.broker, t.budget) != (&state.config.broker, state.config.budget)
-                    })
-            })
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-
     fn watch_files(&mut self) {
         let files = std::iter::once(self.config.path.as_path())
-            .chain(self.mounts.values().map(|m| m.config.module.as_path()));
+            .chain(self.mounts.values().map(|m| m.spec.config.module.as_path()));
         self.watcher.watch(files);
     }
 }
 
-async fn open(broker: &Broker) -> Result<BrokerConnection, HostError> {
-    let connection = BrokerConnection::open(&broker.url, &broker.container_id)
-        .await
-        .map_err(HostError::Connect)?;
-    tracing::info!(broker = connection.url(), "connected");
-    Ok(connection)
-}
-
-/// Runs an attached mount to its end and reports how it ended.
-async fn run_mount(
-    attached: AttachedMount,
-    key: MountKey,
-    stop: CancellationToken,
-    grace: Duration,
-    events: broadcast::Sender<Event>,
-    metrics: Arc<Metrics>,
-    ended: mpsc::UnboundedSender<(MountKey, Result<(), BrokerError>)>,
-) {
-    let tags = attached.tags().clone();
-    metrics.mounts_running(1);
-    let result = attached.run(stop, grace).await;
-    metrics.mounts_running(-1);
-    if let Err(e) = &result {
-        tracing::error!(tenant = &*tags.tenant, mount = &*tags.mount, "{e}");
+fn placement(tenant: &Tenant) -> Placement {
+    Placement {
+        budget: tenant.budget,
+        broker: tenant.broker.clone(),
     }
-    let _ = events.send(Event::MountStopped {
-        tenant: tags.tenant.clone(),
-        mount: tags.mount.clone(),
-        error: result.as_ref().err().map(ToString::to_string),
-    });
-    let _ = ended.send((key, result));
 }

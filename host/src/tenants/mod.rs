@@ -1,28 +1,32 @@
 //! The host: every tenant's mounts, loaded, attached, reloaded and stopped.
 //!
-//! [`Host::load`] compiles every module before anything connects;
-//! [`Host::start`] connects and hands the mounts to a control task, which
-//! from then on owns them: it reloads changed module files and config, and
-//! drains mounts on shutdown.
+//! [`Host::load`] compiles every module and tries each out before anything
+//! connects; [`Host::start`] hands the mounts to a control task, which from
+//! then on owns them: each mount attaches on its own and comes back after
+//! any broker fault; the control task reloads changed module files and
+//! config, and drains mounts on shutdown.
 
 mod budget;
 mod control;
-mod delayed;
 mod mount;
+mod reload;
+pub mod supervisor;
 mod watch;
 
 use std::sync::Arc;
 
 use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AdminServer, Health, Metrics};
-use crate::broker::BrokerError;
-use crate::config::Config;
+use crate::config::{Config, Mount};
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
-use crate::sandbox::{LoadError, Module, Sandbox};
+use crate::sandbox::{
+    CallLimits, CpuLane, Instances, LoadError, LogTags, Module, PoolSize, Sandbox,
+};
 use control::{Command, Control};
 
-/// Why the host could not start or stopped on its own.
+/// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
     /// The wasm engine could not be created.
@@ -31,12 +35,6 @@ pub enum HostError {
     /// One or more modules are not usable handlers.
     #[error("{}", join_lines(.0))]
     Modules(Vec<MountError<LoadError>>),
-    /// The broker connection could not be opened.
-    #[error("{0}")]
-    Connect(BrokerError),
-    /// The broker refused a mount's link, or the link failed.
-    #[error("{0}")]
-    Broker(MountError<BrokerError>),
     /// The admin listener could not be started.
     #[error("admin listener on {address}: {reason}")]
     Admin {
@@ -77,11 +75,16 @@ pub struct Host {
 }
 
 impl Host {
-    /// Compiles and validates every mount's module. Any that fails refuses
-    /// the whole configuration, each error naming tenant, mount and file.
-    pub fn load(config: Config) -> Result<Host, HostError> {
-        let sandbox = Sandbox::new().map_err(|e| HostError::Engine(format!("{e:#}")))?;
+    /// Compiles and validates every mount's module and instantiates each
+    /// once. Any that fails refuses the whole configuration, each error
+    /// naming tenant, mount and file.
+    pub async fn load(config: Config) -> Result<Host, HostError> {
+        let sandbox =
+            Sandbox::new(pool_size(&config)).map_err(|e| HostError::Engine(format!("{e:#}")))?;
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
+        probe_modules(&sandbox, &config, &modules)
+            .await
+            .map_err(HostError::Modules)?;
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         Ok(Host {
             config,
@@ -98,8 +101,10 @@ impl Host {
         self.events.subscribe()
     }
 
-    /// Connects to the broker(s), attaches every mount and starts watching
-    /// module files and the config file for changes.
+    /// Starts the admin listener and every mount, and watches module files
+    /// and the config file for changes. Mounts attach in the background
+    /// (each [`Event::MountReady`] says one is up); a broker that cannot be
+    /// reached is retried, never a reason to stop.
     pub async fn start(self) -> Result<RunningHost, HostError> {
         let health = Arc::new(Health::default());
         let admin = match self.config.admin.clone() {
@@ -114,25 +119,97 @@ impl Host {
             None => None,
         };
         let events = self.events.clone();
-        let (control, failures) = Control::start(
+        let stopping = CancellationToken::new();
+        let slots = self.sandbox.slots().clone();
+        let control = Control::start(
             self.config,
             self.modules,
             self.sandbox,
+            slots,
             self.events,
             self.metrics,
             health,
-        )
-        .await?;
+            stopping.clone(),
+        );
         let (commands, inbox) = mpsc::unbounded_channel();
         let task = tokio::spawn(control.run(inbox));
         Ok(RunningHost {
             commands,
-            failures,
+            stopping,
             task,
             events,
             admin,
         })
     }
+}
+
+/// The instance pool a config needs: every mount's `concurrency` (its kept
+/// instances come out of the same share), up to `max_instances`.
+fn pool_size(config: &Config) -> PoolSize {
+    let wanted: u64 = config
+        .mounts()
+        .map(|(_, mount)| u64::from(mount.concurrency))
+        .sum();
+    let instances = u32::try_from(wanted)
+        .unwrap_or(u32::MAX)
+        .clamp(1, config.host.max_instances);
+    if u64::from(instances) < wanted {
+        tracing::warn!(
+            wanted,
+            max_instances = config.host.max_instances,
+            "the mounts' concurrency adds up to more than [host] max_instances; deliveries beyond it wait for a free instance"
+        );
+    }
+    let max_memory = config
+        .mounts()
+        .map(|(_, mount)| mount.memory)
+        .max()
+        .unwrap_or(Mount::DEFAULT_MEMORY);
+    PoolSize {
+        instances,
+        max_memory,
+    }
+}
+
+/// Instantiates every mount's module once with the mount's grants and
+/// limits: start-up code that traps, runs too long or calls what the mount
+/// does not grant is refused here rather than on every delivery.
+async fn probe_modules(
+    sandbox: &Sandbox,
+    config: &Config,
+    modules: &[Module],
+) -> Result<(), Vec<MountError<LoadError>>> {
+    let mut errors = Vec::new();
+    for ((tenant, mount), module) in config.mounts().zip(modules) {
+        let tags = Arc::new(LogTags {
+            tenant: tenant.name.as_str().into(),
+            mount: mount.name.as_str().into(),
+        });
+        let instances = Instances::new(
+            module.clone(),
+            CallLimits {
+                timeout: mount.timeout,
+                memory: mount.memory,
+            },
+            mount.instance,
+            mount.grants.clone(),
+            tags,
+            None,
+            CpuLane::new(),
+            sandbox.slots().clone(),
+        );
+        if let Err(failure) = instances.probe().await {
+            errors.push(MountError {
+                tenant: tenant.name.clone(),
+                mount: mount.name.clone(),
+                source: LoadError {
+                    path: mount.module.clone(),
+                    reason: format!("does not start: {failure}"),
+                },
+            });
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
 }
 
 /// Compiles every mount's module, or says which ones cannot be used.
@@ -143,7 +220,23 @@ fn load_modules(
     let mut modules = Vec::new();
     let mut errors = Vec::new();
     for (tenant, mount) in config.mounts() {
-        match sandbox.load(&mount.module) {
+        let loaded = sandbox.load(&mount.module).and_then(|module| {
+            // An instance that can never fit its memory limit would fail
+            // every delivery.
+            if module.initial_memory() > mount.memory {
+                Err(LoadError {
+                    path: mount.module.clone(),
+                    reason: format!(
+                        "needs {} bytes of linear memory to start, more than the mount's `memory` of {}",
+                        module.initial_memory(),
+                        mount.memory
+                    ),
+                })
+            } else {
+                Ok(module)
+            }
+        });
+        match loaded {
             Ok(module) => modules.push(module),
             Err(source) => errors.push(MountError {
                 tenant: tenant.name.clone(),
@@ -162,7 +255,7 @@ fn load_modules(
 /// A host taking deliveries.
 pub struct RunningHost {
     commands: mpsc::UnboundedSender<Command>,
-    failures: mpsc::UnboundedReceiver<HostError>,
+    stopping: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     events: broadcast::Sender<Event>,
     admin: Option<AdminServer>,
@@ -179,17 +272,9 @@ impl RunningHost {
         self.admin.as_ref().map(AdminServer::address)
     }
 
-    /// Resolves when a mount stops on its own (its link failed). The host
-    /// is then already draining; call [`RunningHost::shutdown`] to wait for it.
-    pub async fn failed(&mut self) -> HostError {
-        match self.failures.recv().await {
-            Some(error) => error,
-            None => std::future::pending().await,
-        }
-    }
-
     /// Reads the config file again and applies it: new mounts attach,
-    /// removed ones drain, changed ones are replaced, the rest are not
+    /// removed ones drain, changed ones are replaced (attached first, so
+    /// one the broker refuses leaves the old one serving), the rest are not
     /// touched. A config that does not load changes nothing.
     pub async fn reload(&self) -> ConfigChange {
         let (done, answer) = oneshot::channel();
@@ -200,12 +285,13 @@ impl RunningHost {
     }
 
     /// Stops taking deliveries, lets in-flight handlers finish within the
-    /// grace period and settles them, publishes pending delayed copies early,
-    /// then detaches every link and closes the connections.
-    pub async fn shutdown(mut self) -> Result<(), HostError> {
+    /// grace period and settles them, publishes held copies early, then
+    /// detaches every link and closes the connections. A reload waiting on
+    /// a broker gives up at once.
+    pub async fn shutdown(mut self) {
+        self.stopping.cancel();
         let _ = self.commands.send(Command::Shutdown);
         let _ = (&mut self.task).await;
-        self.failures.try_recv().map_or(Ok(()), Err)
     }
 }
 

@@ -1,0 +1,232 @@
+use fe2o3_amqp::types::messaging::{
+    AmqpSequence, AmqpValue, ApplicationProperties, Batch, Data, Header, MessageAnnotations,
+    Properties,
+};
+use fe2o3_amqp::types::primitives::{Binary, OrderedMap, SimpleValue};
+
+use super::*;
+use crate::sandbox;
+
+fn message() -> AmqpMessage {
+    Message::builder()
+        .properties(Properties::builder().message_id(String::from("m-1")).build())
+        .application_properties(ApplicationProperties::builder().insert("k", "v").build())
+        .body(Body::Value(AmqpValue(Value::String("hello".into()))))
+        .build()
+        .into()
+}
+
+fn context() -> DeliveryContext<'static> {
+    DeliveryContext {
+        address: "q",
+        tenant: "t",
+        mount: "m",
+        attempt: 1,
+        presettled: false,
+    }
+}
+
+#[test]
+fn no_header_no_counter() {
+    assert_eq!(message().counters(), Counters::default());
+}
+
+#[test]
+fn header_counter_and_retry_count() {
+    let mut m = message().copy(2, None);
+    m.header = Some(Header {
+        delivery_count: 3,
+        ..Header::default()
+    });
+    let c = m.counters();
+    assert_eq!(c.delivery_count, Some(3));
+    assert_eq!(c.retry_count, Some(2));
+    assert_eq!(c.attempt(), 6);
+}
+
+#[test]
+fn annotation_counter_fills_an_empty_header() {
+    let mut m = message();
+    m.header = Some(Header::default());
+    m.message_annotations = Some(
+        MessageAnnotations::builder()
+            .insert(Symbol::from(DELIVERY_COUNT_ANNOTATION), Value::Long(4))
+            .build(),
+    );
+    assert_eq!(m.counters().delivery_count, Some(4));
+}
+
+#[test]
+fn a_copy_keeps_the_header_but_not_its_count() {
+    let mut m = message();
+    m.header = Some(Header {
+        durable: true,
+        priority: 7.into(),
+        ttl: Some(60_000),
+        delivery_count: 5,
+        ..Header::default()
+    });
+    let c = m.copy(1, None);
+    let header = c.header.as_ref().expect("header kept");
+    assert!(header.durable);
+    assert_eq!(header.priority, 7.into());
+    assert_eq!(header.ttl, Some(60_000));
+    assert_eq!(header.delivery_count, 0);
+    assert_eq!(c.body, m.body);
+    assert_eq!(c.property("k"), Some(&Value::String("v".into())));
+    assert_eq!(c.property(RETRY_COUNT_PROPERTY), Some(&Value::Uint(1)));
+    // The copy is counted by its retry count, not its header.
+    assert!(c.counters().is_copy());
+    assert_eq!(c.counters().attempt(), 2);
+    // A copy of a copy replaces the count rather than adding a second one.
+    let again = c.copy(2, None);
+    let counts = again
+        .application_properties
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k == RETRY_COUNT_PROPERTY)
+        .count();
+    assert_eq!(counts, 1);
+}
+
+#[test]
+fn a_scheduled_copy_carries_its_delivery_time() {
+    let due = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+    let c = message().copy(1, Some(due));
+    let annotations = c.message_annotations.expect("annotations");
+    assert_eq!(
+        annotations
+            .0
+            .get(&OwnedKey::Symbol(Symbol::from(DELIVERY_TIME_ANNOTATION))),
+        Some(&Value::Timestamp(Timestamp::from_milliseconds(
+            1_700_000_000_123
+        )))
+    );
+}
+
+#[test]
+fn encoding_then_decoding_gives_the_message_back() {
+    let mut m = message().copy(3, None);
+    m.header = Some(Header {
+        durable: true,
+        ..Header::default()
+    });
+    let bytes = m.encode().expect("encode");
+    assert_eq!(AmqpMessage::decode(&bytes).expect("decode"), m);
+    // fe2o3's own decoder reads what we write.
+    let typed: Message<Body<Value>> =
+        serde_amqp::from_slice::<fe2o3_amqp::types::messaging::message::__private::Deserializable<_>>(&bytes)
+            .map(|d| d.0)
+            .expect("typed decode");
+    assert_eq!(AmqpMessage::from(typed), m);
+}
+
+#[test]
+fn properties_of_any_type_decode_and_reach_the_handler_as_json() {
+    let mut m = message();
+    let list = Value::List(vec![Value::Int(1), Value::Int(2)]);
+    let mut map = OrderedMap::new();
+    map.insert(Value::String("a".into()), Value::Int(1));
+    m.application_properties = Some(vec![
+        ("list".into(), list),
+        ("map".into(), Value::Map(map)),
+        ("s".into(), Value::String("x".into())),
+    ]);
+    let bytes = m.encode().expect("encode");
+    let decoded = AmqpMessage::decode(&bytes).expect("lenient decode");
+    assert_eq!(decoded, m);
+    let d = to_delivery(&decoded, context());
+    let rendered: Vec<(String, String)> = d
+        .properties
+        .iter()
+        .map(|p| {
+            let text = match &p.value {
+                sandbox::Value::Other(text) | sandbox::Value::String(text) => text.clone(),
+                other => panic!("unexpected {}", describe(other)),
+            };
+            (p.key.clone(), text)
+        })
+        .collect();
+    assert_eq!(
+        rendered,
+        [
+            ("list".to_owned(), "[1,2]".to_owned()),
+            ("map".to_owned(), r#"{"a":1}"#.to_owned()),
+            ("s".to_owned(), "x".to_owned()),
+        ]
+    );
+}
+
+fn describe(value: &sandbox::Value) -> &'static str {
+    match value {
+        sandbox::Value::String(_) => "string",
+        sandbox::Value::Int(_) => "int",
+        sandbox::Value::Uint(_) => "uint",
+        sandbox::Value::Float(_) => "float",
+        sandbox::Value::Boolean(_) => "boolean",
+        sandbox::Value::Bytes(_) => "bytes",
+        sandbox::Value::Timestamp(_) => "timestamp",
+        sandbox::Value::Null => "null",
+        sandbox::Value::Other(_) => "other",
+    }
+}
+
+#[test]
+fn structured_bodies_reach_the_handler_as_json() {
+    let mut map = OrderedMap::new();
+    map.insert(Value::String("order".into()), Value::Int(7));
+    map.insert(Value::String("item".into()), Value::String("book".into()));
+    let mut m = message();
+    m.properties = Some(Properties::builder().message_id(String::from("m")).build());
+    m.body = Body::Value(AmqpValue(Value::Map(map)));
+    let d = to_delivery(&m, context());
+    assert_eq!(d.body, br#"{"order":7,"item":"book"}"#);
+    assert_eq!(d.content_type.as_deref(), Some("application/json"));
+
+    m.body = Body::Sequence(Batch::new(vec![
+        AmqpSequence(vec![Value::Int(1), Value::String("two".into())]),
+        AmqpSequence(vec![Value::Bool(true)]),
+    ]));
+    assert_eq!(to_delivery(&m, context()).body, br#"[1,"two",true]"#);
+
+    m.body = Body::Data(Batch::new(vec![
+        Data(Binary::from(b"ab".to_vec())),
+        Data(Binary::from(b"cd".to_vec())),
+    ]));
+    let d = to_delivery(&m, context());
+    assert_eq!(d.body, b"abcd");
+    assert_eq!(d.content_type, None);
+}
+
+#[test]
+fn handler_sees_body_and_properties() {
+    let d = to_delivery(&message(), context());
+    assert_eq!(d.body, b"hello");
+    assert_eq!(d.message_id.as_deref(), Some("m-1"));
+    assert_eq!(d.properties.len(), 1);
+    assert_eq!(d.properties[0].key, "k");
+    assert!(matches!(&d.properties[0].value, sandbox::Value::String(s) if s == "v"));
+}
+
+#[test]
+fn garbage_is_a_decode_failure_that_says_where() {
+    let error = AmqpMessage::decode(&[0x00, 0x53, 0x70, 0xff]).expect_err("garbage");
+    assert!(error.0.contains("section 1"), "{error}");
+    let not_described = serde_amqp::to_vec(&Value::Int(3)).expect("encode");
+    let error = AmqpMessage::decode(&not_described).expect_err("bare value");
+    assert!(error.0.contains("not a described"), "{error}");
+}
+
+#[test]
+fn simple_property_values_convert() {
+    let typed: AmqpMessage = Message::builder()
+        .application_properties(
+            ApplicationProperties::builder()
+                .insert("n", SimpleValue::Uint(3))
+                .build(),
+        )
+        .body(Body::<Value>::Empty)
+        .build()
+        .into();
+    assert_eq!(typed.property("n"), Some(&Value::Uint(3)));
+}

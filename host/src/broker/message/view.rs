@@ -1,0 +1,207 @@
+//! What a handler sees of a delivery. Bytes stay bytes; structured AMQP
+//! values (an `amqp-value` map, `amqp-sequence` sections, a list-valued
+//! property) reach it as JSON text, so every language can read them.
+
+use fe2o3_amqp::types::messaging::{Body, MessageId};
+use fe2o3_amqp::types::primitives::Value;
+use serde_json::{Map, Value as Json};
+
+use super::AmqpMessage;
+use crate::sandbox;
+
+/// The content type a handler sees for a body the host rendered as JSON,
+/// when the message names none.
+const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// Where a delivery arrived and what the host knows of it.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliveryContext<'a> {
+    /// The subscription address.
+    pub address: &'a str,
+    /// The tenant's name.
+    pub tenant: &'a str,
+    /// The mount's name.
+    pub mount: &'a str,
+    /// The attempt number.
+    pub attempt: u32,
+    /// Whether the delivery arrived settled.
+    pub presettled: bool,
+}
+
+/// What the handler sees of a delivery.
+pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> sandbox::Delivery {
+    let properties = message.properties.as_ref();
+    let (body, rendered) = body_bytes(&message.body);
+    let content_type = properties
+        .and_then(|p| p.content_type.as_ref().map(|s| s.0.clone()))
+        .or_else(|| rendered.then(|| JSON_CONTENT_TYPE.to_owned()));
+    sandbox::Delivery {
+        body,
+        content_type,
+        subject: properties.and_then(|p| p.subject.clone()),
+        message_id: properties.and_then(|p| p.message_id.as_ref().map(message_id_text)),
+        correlation_id: properties.and_then(|p| p.correlation_id.as_ref().map(message_id_text)),
+        reply_to: properties.and_then(|p| p.reply_to.clone()),
+        properties: message
+            .application_properties
+            .iter()
+            .flatten()
+            .map(|(key, value)| sandbox::Property {
+                key: key.clone(),
+                value: property_value(value),
+            })
+            .collect(),
+        address: context.address.to_owned(),
+        tenant: context.tenant.to_owned(),
+        mount: context.mount.to_owned(),
+        attempt: context.attempt,
+        presettled: context.presettled,
+    }
+}
+
+/// The body as the handler gets it, and whether the host rendered it as
+/// JSON: `data` sections joined; an `amqp-value` string, symbol or binary as
+/// its bytes, null as nothing, anything else as JSON; `amqp-sequence`
+/// sections as one JSON array of all their items.
+fn body_bytes(body: &Body<Value>) -> (Vec<u8>, bool) {
+    match body {
+        Body::Data(sections) => (
+            sections.iter().flat_map(|d| d.0.iter().copied()).collect(),
+            false,
+        ),
+        Body::Value(value) => match &value.0 {
+            Value::Binary(bytes) => (bytes.to_vec(), false),
+            Value::String(text) => (text.clone().into_bytes(), false),
+            Value::Symbol(symbol) => (symbol.0.clone().into_bytes(), false),
+            Value::Null => (Vec::new(), false),
+            other => (json_text(other).into_bytes(), true),
+        },
+        Body::Sequence(sections) => {
+            let items = sections.iter().flat_map(|s| s.0.iter()).map(to_json).collect();
+            (Json::Array(items).to_string().into_bytes(), true)
+        }
+        Body::Empty => (Vec::new(), false),
+    }
+}
+
+fn property_value(value: &Value) -> sandbox::Value {
+    use sandbox::Value as V;
+    match value {
+        Value::Null => V::Null,
+        Value::Bool(b) => V::Boolean(*b),
+        Value::Ubyte(n) => V::Uint(u64::from(*n)),
+        Value::Ushort(n) => V::Uint(u64::from(*n)),
+        Value::Uint(n) => V::Uint(u64::from(*n)),
+        Value::Ulong(n) => V::Uint(*n),
+        Value::Byte(n) => V::Int(i64::from(*n)),
+        Value::Short(n) => V::Int(i64::from(*n)),
+        Value::Int(n) => V::Int(i64::from(*n)),
+        Value::Long(n) => V::Int(*n),
+        Value::Float(f) => V::Float(f64::from(f.into_inner())),
+        Value::Double(f) => V::Float(f.into_inner()),
+        Value::Timestamp(t) => V::Timestamp(t.milliseconds()),
+        Value::Binary(bytes) => V::Bytes(bytes.to_vec()),
+        Value::String(s) => V::String(s.clone()),
+        Value::Symbol(s) => V::String(s.0.clone()),
+        Value::Char(c) => V::String(c.to_string()),
+        Value::Uuid(uuid) => V::Other(uuid_text(uuid.as_inner())),
+        other => V::Other(json_text(other)),
+    }
+}
+
+/// An AMQP value as JSON text: see [`to_json`].
+fn json_text(value: &Value) -> String {
+    match to_json(value) {
+        // A bare string is shown without quotes, as `other(text)` reads.
+        Json::String(text) => text,
+        json => json.to_string(),
+    }
+}
+
+/// An AMQP value as JSON: numbers as numbers, binary as lowercase hex,
+/// uuids in their usual text form, decimals as the hex of their bytes,
+/// timestamps as milliseconds since the Unix epoch, lists and arrays as
+/// arrays, maps with string keys as objects (other maps as arrays of
+/// `[key, value]` pairs), described values as
+/// `{"descriptor": ..., "value": ...}`.
+pub(super) fn to_json(value: &Value) -> Json {
+    match value {
+        Value::Null => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Ubyte(n) => Json::from(*n),
+        Value::Ushort(n) => Json::from(*n),
+        Value::Uint(n) => Json::from(*n),
+        Value::Ulong(n) => Json::from(*n),
+        Value::Byte(n) => Json::from(*n),
+        Value::Short(n) => Json::from(*n),
+        Value::Int(n) => Json::from(*n),
+        Value::Long(n) => Json::from(*n),
+        Value::Float(f) => Json::from(f64::from(f.into_inner())),
+        Value::Double(f) => Json::from(f.into_inner()),
+        Value::Decimal32(d) => Json::String(hex(d.as_inner())),
+        Value::Decimal64(d) => Json::String(hex(d.as_inner())),
+        Value::Decimal128(d) => Json::String(hex(d.as_inner())),
+        Value::Char(c) => Json::String(c.to_string()),
+        Value::Timestamp(t) => Json::from(t.milliseconds()),
+        Value::Uuid(uuid) => Json::String(uuid_text(uuid.as_inner())),
+        Value::Binary(bytes) => Json::String(hex(bytes)),
+        Value::String(s) => Json::String(s.clone()),
+        Value::Symbol(s) => Json::String(s.0.clone()),
+        Value::List(items) => Json::Array(items.iter().map(to_json).collect()),
+        Value::Array(items) => Json::Array(items.0.iter().map(to_json).collect()),
+        Value::Map(map) => {
+            let string_keys = map
+                .iter()
+                .all(|(k, _)| matches!(k, Value::String(_) | Value::Symbol(_)));
+            if string_keys {
+                let object: Map<String, Json> = map
+                    .iter()
+                    .map(|(k, v)| (json_text(k), to_json(v)))
+                    .collect();
+                Json::Object(object)
+            } else {
+                Json::Array(
+                    map.iter()
+                        .map(|(k, v)| Json::Array(vec![to_json(k), to_json(v)]))
+                        .collect(),
+                )
+            }
+        }
+        Value::Described(described) => {
+            let descriptor = match &described.descriptor {
+                serde_amqp::descriptor::Descriptor::Name(name) => Json::String(name.0.clone()),
+                serde_amqp::descriptor::Descriptor::Code(code) => Json::from(*code),
+            };
+            let mut object = Map::new();
+            object.insert("descriptor".to_owned(), descriptor);
+            object.insert("value".to_owned(), to_json(&described.value));
+            Json::Object(object)
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A message id (or correlation id) as text, whatever its AMQP type.
+pub(super) fn message_id_text(id: &MessageId) -> String {
+    match id {
+        MessageId::String(s) => s.clone(),
+        MessageId::Ulong(n) => n.to_string(),
+        MessageId::Uuid(uuid) => uuid_text(uuid.as_inner()),
+        MessageId::Binary(bytes) => hex(bytes),
+    }
+}
+
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    let hex = hex(bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}

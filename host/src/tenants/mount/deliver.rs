@@ -1,0 +1,157 @@
+//! One delivery through the sandbox: room in the tenant's budgets, an
+//! instance, the handler's outcome, the plan, and its settlement.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::attach::MountContext;
+use super::settle::{self, Settler};
+use crate::broker::Inbound;
+use crate::broker::message::{self, DeliveryContext};
+use crate::config::Settle;
+use crate::events::{Event, Handled};
+use crate::sandbox::Reserved;
+use crate::sandbox::MemoryHeld;
+use crate::settlement::{self, HandlerResult, Outcome, Publish};
+
+/// Runs the handler on one delivery and carries out the plan for its
+/// outcome. `handler_slot`, one of the mount's `concurrency`, is given
+/// back as soon as the handler has returned.
+pub(super) async fn handle(
+    context: Arc<MountContext>,
+    settler: Settler,
+    inbound: Inbound,
+    handler_slot: Option<OwnedSemaphorePermit>,
+    flush: CancellationToken,
+) {
+    let spec = context.spec.clone();
+    let Inbound { info, message } = inbound;
+    let counters = message.counters();
+    let attempt = counters.attempt();
+    let message_id = message.message_id();
+    let span = tracing::info_span!(
+        "handle",
+        messaging.system = "amqp",
+        messaging.operation = "process",
+        messaging.destination.name = spec.config.address,
+        messaging.message.id = message_id,
+        tenant = &*spec.tags.tenant,
+        mount = &*spec.tags.mount,
+        attempt,
+    );
+    async move {
+        // Room in the tenant's budgets first, then an instance of the module
+        // current at that moment (it may be replaced while this one waits).
+        // Waiting for either is back-pressure: it never costs an attempt.
+        let mut admission = spec.tenant.admit().await;
+        let instance = spec.module.current().reserve().await;
+        let module_version = instance.instances().module().version().clone();
+        let _ = spec.events.send(Event::Started {
+            tenant: spec.tags.tenant.clone(),
+            mount: spec.tags.mount.clone(),
+            message_id: message_id.clone(),
+            attempt,
+        });
+        let started = Instant::now();
+        // The instance's memory stays counted in the tenant's budget until
+        // the delivery is settled.
+        let (result, _memory) = run_handler(&context, instance, &message, attempt).await;
+        let took = started.elapsed();
+        drop(handler_slot);
+        let outcome = settlement::outcome_of(&result, spec.config.max_retry_delay);
+        if let Ok(crate::sandbox::Outcome::RetryAfter(ms)) = result
+            && outcome != Outcome::RetryAfter(std::time::Duration::from_millis(ms))
+        {
+            tracing::warn!(
+                asked_ms = ms,
+                max_retry_delay = ?spec.config.max_retry_delay,
+                "retry-after delay shortened to the mount's max_retry_delay"
+            );
+        }
+        let plan = settlement::plan(&context.policy, &counters, outcome);
+        if plan.unsupported() {
+            log_unsupported(&context, outcome);
+        }
+        if matches!(plan.publish(), Some(Publish::Copy { delay, .. }) if !delay.is_zero()) {
+            admission.release_running();
+        }
+        let settled = settle::carry_out(&context, &settler, info, &message, plan, &flush).await;
+        spec.metrics.handled(outcome, settled.disposition, took);
+        match &settled.error {
+            Some(error) => {
+                tracing::error!(?outcome, disposition = ?settled.disposition, error, "settlement incomplete");
+            }
+            None => {
+                tracing::debug!(?outcome, disposition = ?settled.disposition, publish = ?plan.publish(), "handled");
+            }
+        }
+        let _ = spec.events.send(Event::Handled(Handled {
+            tenant: spec.tags.tenant.clone(),
+            mount: spec.tags.mount.clone(),
+            message_id,
+            attempt,
+            counters,
+            module_version,
+            outcome,
+            failure: result.err().map(|failure| failure.to_string()),
+            plan,
+            disposition: settled.disposition,
+            error: settled.error,
+        }));
+        drop(admission);
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run_handler(
+    context: &MountContext,
+    instance: Reserved,
+    message: &message::AmqpMessage,
+    attempt: u32,
+) -> (HandlerResult, MemoryHeld) {
+    let spec = &context.spec;
+    let delivery = message::to_delivery(
+        message,
+        DeliveryContext {
+            address: &spec.config.address,
+            tenant: &spec.tags.tenant,
+            mount: &spec.tags.mount,
+            attempt,
+            presettled: spec.config.settle == Settle::AtMostOnce,
+        },
+    );
+    let instances = instance.instances().clone();
+    let module = instances.module();
+    let (result, memory) = instance.call(&delivery).await;
+    spec.metrics.output_dropped(instances.take_output_dropped());
+    if let Err(failure) = &result {
+        tracing::warn!(
+            kind = failure.kind(),
+            module = %module.path().display(),
+            version = &**module.version(),
+            "handler failed, treating it as retry: {failure}"
+        );
+        spec.metrics.failed(failure.kind());
+    }
+    (result, memory)
+}
+
+fn log_unsupported(context: &MountContext, outcome: Outcome) {
+    let first = !context.unsupported_warned.swap(true, Ordering::Relaxed);
+    let note =
+        "AckError::Unsupported: the mount is at-most-once, the delivery was settled on receipt";
+    if first {
+        tracing::warn!(
+            ?outcome,
+            "{note} (logged once per mount; later ones at debug level)"
+        );
+    } else {
+        tracing::debug!(?outcome, "{note}");
+    }
+}

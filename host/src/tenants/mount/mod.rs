@@ -1,0 +1,237 @@
+//! One mount at work: attach its links, take deliveries, run the handler on
+//! each, carry out the settlement plan; when its links go down, attach
+//! them again; stop without losing anything.
+//!
+//! - [`attach`]: the links and what the broker offers on them;
+//! - [`receive`]: the receive loop, draining, and what happens when the link
+//!   dies;
+//! - [`deliver`]: one delivery through the sandbox;
+//! - [`settle`]: carrying out a plan on the link.
+
+mod attach;
+mod deliver;
+mod receive;
+mod settle;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::budget::TenantLimits;
+use super::supervisor::{self, State, Supervised};
+use crate::admin::{Health, MountMetrics};
+use crate::backoff::{Backoff, BackoffPolicy};
+use crate::broker::{BrokerError, BrokerPool};
+use crate::config::{Broker, Mount};
+use crate::events::Event;
+use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module};
+pub(crate) use attach::AttachedMount;
+
+/// The module a mount runs, swapped whole when its file changes: deliveries
+/// already running finish on the instances they started with.
+pub(crate) struct ModuleSlot {
+    current: RwLock<Arc<Instances>>,
+}
+
+impl ModuleSlot {
+    pub(crate) fn new(instances: Arc<Instances>) -> ModuleSlot {
+        ModuleSlot {
+            current: RwLock::new(instances),
+        }
+    }
+
+    /// The instances new deliveries use.
+    pub(crate) fn current(&self) -> Arc<Instances> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Makes `instances` the ones new deliveries use.
+    pub(crate) fn replace(&self, instances: Arc<Instances>) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = instances;
+    }
+}
+
+/// What a mount runs its module with; a reloaded module gets the same.
+pub(crate) fn instances_for(
+    mount: &Mount,
+    module: Module,
+    tags: &Arc<LogTags>,
+    tenant: &TenantLimits,
+    slots: &InstanceSlots,
+) -> Arc<Instances> {
+    let limits = CallLimits {
+        timeout: mount.timeout,
+        memory: mount.memory,
+    };
+    Arc::new(Instances::new(
+        module,
+        limits,
+        mount.instance,
+        mount.grants.clone(),
+        tags.clone(),
+        tenant.memory(),
+        tenant.lane(),
+        slots.clone(),
+    ))
+}
+
+/// Everything about a mount that outlives its links: attaching again after
+/// a failure reuses it.
+pub(crate) struct MountSpec {
+    pub(crate) tags: Arc<LogTags>,
+    pub(crate) config: Mount,
+    pub(crate) broker: Broker,
+    pub(crate) module: Arc<ModuleSlot>,
+    pub(crate) tenant: Arc<TenantLimits>,
+    pub(crate) events: broadcast::Sender<Event>,
+    pub(crate) metrics: MountMetrics,
+    /// The waits after a failed copy or dead-letter publish, shared by the
+    /// mount's deliveries so a broker refusing publishes slows them all.
+    pub(crate) publish_backoff: Mutex<Backoff>,
+    /// How long in-flight deliveries may still run when the mount stops.
+    pub(crate) grace: Duration,
+    /// Tells this attach of the mount from earlier ones, in link names.
+    pub(crate) generation: u64,
+}
+
+impl MountSpec {
+    #[allow(clippy::too_many_arguments, reason = "every part is needed, and named at the one call")]
+    pub(crate) fn new(
+        tags: Arc<LogTags>,
+        config: Mount,
+        broker: Broker,
+        module: Arc<ModuleSlot>,
+        tenant: Arc<TenantLimits>,
+        events: broadcast::Sender<Event>,
+        metrics: MountMetrics,
+        grace: Duration,
+        generation: u64,
+    ) -> MountSpec {
+        MountSpec {
+            publish_backoff: Mutex::new(Backoff::new(BackoffPolicy {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(30),
+            })),
+            tags,
+            config,
+            broker,
+            module,
+            tenant,
+            events,
+            metrics,
+            grace,
+            generation,
+        }
+    }
+
+    /// The pause after a failed copy or dead-letter publish.
+    pub(crate) fn publish_backoff_next(&self) -> Duration {
+        self.backoff().next_wait()
+    }
+
+    /// A publish went through: the next failure pauses briefly again.
+    pub(crate) fn publish_backoff_reset(&self) {
+        self.backoff().reset();
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+        self.publish_backoff
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Attaches the mount's links on a new session from `pool`.
+    pub(crate) async fn attach(
+        self: &Arc<Self>,
+        pool: &BrokerPool,
+    ) -> Result<AttachedMount, Arc<BrokerError>> {
+        let session = pool.session().await?;
+        AttachedMount::attach(self.clone(), session)
+            .await
+            .map_err(Arc::new)
+    }
+}
+
+/// Keeps a mount attached until `stop` is cancelled: attaches (starting
+/// with `first`, if the caller attached it already), runs, and after a
+/// failure backs off and attaches again. Its state goes to `health`.
+pub(crate) async fn supervise(
+    spec: Arc<MountSpec>,
+    pool: BrokerPool,
+    first: Option<AttachedMount>,
+    stop: CancellationToken,
+    health: Arc<Health>,
+) {
+    let policy = spec.broker.reconnect;
+    let mut mount = SupervisedMount {
+        spec,
+        pool,
+        first,
+        stop: stop.clone(),
+        health,
+    };
+    supervisor::supervise(&mut mount, policy, &stop).await;
+}
+
+struct SupervisedMount {
+    spec: Arc<MountSpec>,
+    pool: BrokerPool,
+    first: Option<AttachedMount>,
+    stop: CancellationToken,
+    health: Arc<Health>,
+}
+
+impl Supervised for SupervisedMount {
+    type Up = AttachedMount;
+
+    async fn attach(&mut self) -> Result<AttachedMount, String> {
+        match self.first.take() {
+            Some(attached) => Ok(attached),
+            None => self.spec.attach(&self.pool).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn run(&mut self, attached: AttachedMount) -> Option<String> {
+        attached
+            .run(self.stop.clone())
+            .await
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    fn report(&mut self, state: State) {
+        report(&self.spec, &state);
+        let tags = &self.spec.tags;
+        self.health.set_mount(&tags.tenant, &tags.mount, &state);
+    }
+}
+
+fn report(spec: &MountSpec, state: &State) {
+    let tags = &spec.tags;
+    match state {
+        State::BackingOff { error, wait } => {
+            spec.metrics.link_down();
+            tracing::warn!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                retry_in = ?wait,
+                "mount down: {error}"
+            );
+            let _ = spec.events.send(Event::MountDown {
+                tenant: tags.tenant.clone(),
+                mount: tags.mount.clone(),
+                error: error.clone(),
+            });
+        }
+        State::Up => spec.metrics.link_up(true),
+        State::Attaching | State::Stopped => spec.metrics.link_up(false),
+    }
+}

@@ -1,0 +1,200 @@
+//! The receive loop of an attached mount: deliveries in, one task each,
+//! dispositions out (only the loop owns the receiver). It ends when asked
+//! to stop (then it drains) or when a link dies (then whatever is in flight
+//! is left to the broker, which redelivers it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::attach::{AttachedMount, MountContext};
+use super::deliver;
+use super::settle::{SettleRequest, Settler};
+use crate::broker::{BrokerError, Received, Subscription};
+use crate::events::Event;
+use crate::sandbox::LogTags;
+
+/// How often kept instances are checked for being idle too long.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
+/// The part of the shutdown grace kept for detaching links, so a broker
+/// that does not answer cannot stretch a stop past the grace period.
+const DETACH_SHARE: u32 = 5;
+
+impl AttachedMount {
+    /// Runs the mount until `stop` is cancelled (then drains: in-flight
+    /// handlers get the grace period to finish and be settled, delayed
+    /// copies are published early) or until a link fails (returned).
+    pub(crate) async fn run(self, stop: CancellationToken) -> Result<(), BrokerError> {
+        let AttachedMount {
+            context,
+            mut subscription,
+            mut publisher_task,
+            session,
+        } = self;
+        let spec = context.spec.clone();
+        let (requests, mut inbox) = mpsc::unbounded_channel();
+        let settler = Settler::new(requests);
+        let flush = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        // At most `concurrency` handlers run at once; each delivery then
+        // waits for room in its tenant's budgets. While they wait the link's
+        // credit is not renewed, so the broker holds back.
+        let handlers = Arc::new(Semaphore::new(spec.config.concurrency as usize));
+        let mut handler_slot = None;
+        let mut prune = tokio::time::interval(PRUNE_EVERY);
+        let failure = loop {
+            tokio::select! {
+                biased;
+                Some(request) = inbox.recv() => answer(&subscription, request).await,
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                    report_panic(joined, &spec.tags);
+                }
+                () = stop.cancelled() => break None,
+                failed = publisher_task.failed() => break Some(failed),
+                _ = prune.tick() => spec.module.current().prune_idle(),
+                permit = handlers.clone().acquire_owned(), if handler_slot.is_none() => {
+                    handler_slot = permit.ok();
+                }
+                received = subscription.recv(), if handler_slot.is_some() => match received {
+                    Ok(Received::Delivery(inbound)) => {
+                        tasks.spawn(deliver::handle(
+                            context.clone(),
+                            settler.clone(),
+                            inbound,
+                            handler_slot.take(),
+                            flush.clone(),
+                        ));
+                    }
+                    Ok(Received::Undecodable { info, reason }) => {
+                        let result = subscription.reject_undecodable(info, &reason).await;
+                        refused(&context, format!("not a readable AMQP message: {reason}"), result.err());
+                    }
+                    Ok(Received::Oversized { size, max_size }) => {
+                        refused(
+                            &context,
+                            format!("{size} bytes is over the mount's max_message_size of {max_size}"),
+                            None,
+                        );
+                    }
+                    Err(e) => break Some(e),
+                },
+            }
+        };
+        let detach_budget = spec.grace / DETACH_SHARE;
+        match &failure {
+            None => {
+                let deadline = Instant::now() + spec.grace - detach_budget;
+                drain(&subscription, &mut inbox, &mut tasks, &flush, deadline, &spec.tags).await;
+            }
+            Some(_) => abandon(&mut tasks, &context),
+        }
+        // Detach the receiver and the senders together: the broker takes
+        // back whatever is still unsettled.
+        tokio::join!(
+            subscription.close(detach_budget),
+            publisher_task.close()
+        );
+        drop(session);
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+async fn answer(subscription: &Subscription, request: SettleRequest) {
+    let result = subscription.settle(request.info, request.disposition).await;
+    let _ = request.done.send(result);
+}
+
+/// Lets in-flight deliveries finish and be settled until `deadline`; waiting
+/// copies are published at once. What is left then stays unsettled.
+async fn drain(
+    subscription: &Subscription,
+    inbox: &mut mpsc::UnboundedReceiver<SettleRequest>,
+    tasks: &mut JoinSet<()>,
+    flush: &CancellationToken,
+    deadline: Instant,
+    tags: &LogTags,
+) {
+    flush.cancel();
+    let expired = tokio::time::sleep_until(deadline);
+    tokio::pin!(expired);
+    while !tasks.is_empty() {
+        tokio::select! {
+            biased;
+            Some(request) = inbox.recv() => answer(subscription, request).await,
+            Some(joined) = tasks.join_next() => report_panic(joined, tags),
+            () = &mut expired => {
+                tracing::warn!(
+                    tenant = &*tags.tenant,
+                    mount = &*tags.mount,
+                    unfinished = tasks.len(),
+                    "shutdown grace period over; unfinished deliveries are left to the broker"
+                );
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+            }
+        }
+    }
+    while let Ok(request) = inbox.try_recv() {
+        answer(subscription, request).await;
+    }
+}
+
+/// The link died: nothing in flight can be settled any more. The broker
+/// redelivers those deliveries; count them.
+fn abandon(tasks: &mut JoinSet<()>, context: &MountContext) {
+    let abandoned = tasks.len();
+    tasks.abort_all();
+    if abandoned > 0 {
+        let tags = &context.spec.tags;
+        context.spec.metrics.abandoned(abandoned as u64);
+        tracing::warn!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            abandoned,
+            "link lost with deliveries in flight; the broker redelivers them"
+        );
+    }
+}
+
+/// A delivery the host settled without running the handler.
+fn refused(context: &MountContext, reason: String, error: Option<BrokerError>) {
+    let tags = &context.spec.tags;
+    context.spec.metrics.refused();
+    match &error {
+        None => tracing::warn!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            "delivery rejected without running the handler: {reason}"
+        ),
+        Some(e) => tracing::error!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            "delivery could not be rejected ({e}): {reason}"
+        ),
+    }
+    let _ = context.spec.events.send(Event::Refused {
+        tenant: tags.tenant.clone(),
+        mount: tags.mount.clone(),
+        reason,
+    });
+}
+
+/// A delivery task that panicked is a bug in the host, not in the handler:
+/// its delivery stays unsettled and returns to the broker when the link
+/// detaches.
+fn report_panic(joined: Result<(), tokio::task::JoinError>, tags: &LogTags) {
+    if let Err(e) = joined
+        && e.is_panic()
+    {
+        tracing::error!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            "delivery task panicked; the delivery is left to the broker: {e}"
+        );
+    }
+}
