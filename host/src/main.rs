@@ -9,11 +9,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
+use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
+use wharf::broker::{Endpoint, SendOptions};
 use wharf::config::Config;
 use wharf::sandbox::{Grants, Output};
-use wharf::Host;
-use wharf::broker::{Endpoint, SendOptions};
 
 #[derive(Parser)]
 #[command(
@@ -282,7 +282,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // to close the connections.
     let limit = grace + CLOSE_ALLOWANCE;
     if tokio::time::timeout(limit, host.shutdown()).await.is_err() {
-        tracing::warn!(?limit, "stopping took too long; exiting, unsettled deliveries stay on the broker");
+        tracing::warn!(
+            ?limit,
+            "stopping took too long; exiting, unsettled deliveries stay on the broker"
+        );
     }
     tracing::info!("stopped");
     Ok(())

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use wharf::events::Event;
-use wharf::settlement::{Disposition, Outcome, Publish};
+use wharf::settlement::{DelayPath, Disposition, Outcome, Publish};
 
 use crate::client::{Client, TestMessage, body_text, message_id, retry_count};
 use crate::{
@@ -179,7 +179,7 @@ async fn vector_06_retry_at_the_limit_goes_to_the_dla_as_it_arrived() -> anyhow:
     let sent = TestMessage::new(&q, "poison").header(2).script("3:retry");
     client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
-    assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
+    assert_eq!(handled.plan.publish(), Some(Publish::DeadLetter));
     assert_eq!(handled.disposition, Some(Disposition::Accepted));
     host.stop().await?;
     let mut dead = client.watch(&dla).await?;
@@ -226,7 +226,7 @@ async fn vector_08_retry_after_rejects_then_publishes_a_copy_later() -> anyhow::
                 .script("1:after=2000 *:ack"),
         )
         .await?;
-    let first = host.handled(&f).await?;
+    let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
     assert_eq!(first.disposition, Some(Disposition::Rejected));
     let (_, original) = watch.next_with_id(&f).await?;
     assert!(original.header.is_some());
@@ -236,10 +236,13 @@ async fn vector_08_retry_after_rejects_then_publishes_a_copy_later() -> anyhow::
         "copy after {:?}",
         arrived - published
     );
-    assert!(copy.header.is_none(), "a copy has no header");
+    // The copy keeps the original's header (durable survives a broker
+    // restart) with the count at zero: its retry count carries the attempt.
+    let header = copy.header.as_ref().expect("the original's header");
+    assert!(header.durable);
+    assert_eq!(header.delivery_count, 0);
     assert_eq!(retry_count(&copy), Some(1));
     assert_eq!(body_text(&copy), "later");
-    let handled_copy = host.handled(&f).await?;
     assert_eq!(handled_copy.attempt, 2);
     assert_eq!(handled_copy.disposition, Some(Disposition::Accepted));
     watch.close().await;
@@ -264,10 +267,11 @@ async fn vector_09_retry_of_a_copy_below_the_limit_copies_now_then_accepts() -> 
     let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
     assert_eq!(first.attempt, 2);
     assert_eq!(
-        first.plan.publish,
+        first.plan.publish(),
         Some(Publish::Copy {
             retry_count: 2,
-            delay: Duration::ZERO
+            delay: Duration::ZERO,
+            path: DelayPath::Scheduled
         })
     );
     assert_eq!(first.disposition, Some(Disposition::Accepted));
@@ -295,7 +299,7 @@ async fn vector_10_retry_after_at_the_limit_goes_to_the_dla() -> anyhow::Result<
     client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 3);
-    assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
+    assert_eq!(handled.plan.publish(), Some(Publish::DeadLetter));
     assert_eq!(handled.disposition, Some(Disposition::Accepted));
     host.stop().await?;
     let mut dead = client.watch(&dla).await?;
@@ -340,9 +344,9 @@ async fn vector_12_at_most_once_ack_and_drop_are_unsupported_and_silent() -> any
             .publish(&f, TestMessage::new(&id, "x").script(script))
             .await?;
         let handled = host.handled(&id).await?;
-        assert!(handled.plan.unsupported);
+        assert!(handled.plan.unsupported());
         assert_eq!(handled.disposition, None);
-        assert_eq!(handled.plan.publish, None);
+        assert_eq!(handled.plan.publish(), None);
         watch.next_with_id(&id).await?;
     }
     assert_nothing_else_published(&mut client, &mut watch, &f).await?;
@@ -362,8 +366,8 @@ async fn vector_13_at_most_once_retry_with_a_broker_counter_makes_no_copy() -> a
         .publish(&f, TestMessage::new(&f, "x").header(0).script("*:retry"))
         .await?;
     let handled = host.handled(&f).await?;
-    assert!(handled.plan.unsupported);
-    assert_eq!(handled.plan.publish, None);
+    assert!(handled.plan.unsupported());
+    assert_eq!(handled.plan.publish(), None);
     watch.next_with_id(&f).await?;
     assert_nothing_else_published(&mut client, &mut watch, &f).await?;
     watch.close().await;
@@ -382,12 +386,13 @@ async fn vector_14_at_most_once_retry_without_a_counter_copies_at_once() -> anyh
         .publish(&f, TestMessage::new(&f, "x").script("1:retry *:ack"))
         .await?;
     let [first, handled_copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
-    assert!(first.plan.unsupported);
+    assert!(first.plan.unsupported());
     assert_eq!(
-        first.plan.publish,
+        first.plan.publish(),
         Some(Publish::Copy {
             retry_count: 1,
-            delay: Duration::ZERO
+            delay: Duration::ZERO,
+            path: DelayPath::Scheduled
         })
     );
     assert_eq!(handled_copy.attempt, 2);
@@ -410,8 +415,8 @@ async fn vector_15_at_most_once_retry_after_copies_later() -> anyhow::Result<()>
     client
         .publish(&f, TestMessage::new(&f, "x").script("1:after=1000 *:ack"))
         .await?;
-    let first = host.handled(&f).await?;
-    assert!(!first.plan.unsupported);
+    let [first, _copy] = <[_; 2]>::try_from(host.handled_n(&f, 2).await?).expect("two");
+    assert!(!first.plan.unsupported());
     watch.next_with_id(&f).await?;
     let (arrived, copy) = watch.next_with_id(&f).await?;
     assert!(
@@ -441,7 +446,7 @@ async fn vector_16_at_most_once_retry_at_the_limit_goes_to_the_dla() -> anyhow::
     client.publish(&q, &sent).await?;
     let handled = host.handled(&q).await?;
     assert_eq!(handled.attempt, 2);
-    assert_eq!(handled.plan.publish, Some(Publish::DeadLetter));
+    assert_eq!(handled.plan.publish(), Some(Publish::DeadLetter));
     host.stop().await?;
     let mut dead = client.watch(&dla).await?;
     let (_, got) = dead.next_with_id(&q).await?;

@@ -11,7 +11,7 @@ use wharf::events::Handled;
 use wharf::settlement::Disposition;
 
 use crate::client::TestMessage;
-use crate::shutdown::wharf_binary;
+use crate::process::wharf_binary;
 use crate::tenants::start_tenants;
 use crate::{MountToml, TenantToml, repo_root, start_with_client, unique, wait_for_count};
 
@@ -92,7 +92,11 @@ fn step(handled: &Handled) -> Step {
         handled.attempt,
         format!("{:?}", handled.outcome),
         handled.disposition,
-        handled.plan.publish.map_or("none", publish_kind).to_owned(),
+        handled
+            .plan
+            .publish()
+            .map_or("none", publish_kind)
+            .to_owned(),
     )
 }
 

@@ -7,7 +7,7 @@ use wharf::settlement::Disposition;
 use wharf::{Host, HostError};
 
 use crate::client::TestMessage;
-use crate::shutdown::wharf_binary;
+use crate::process::wharf_binary;
 use crate::{
     MountToml, artemis_url, assert_failed, config_text, repo_root, start_with_client, unique,
     wait_for_count,
@@ -132,14 +132,14 @@ async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<
     Ok(())
 }
 
-fn load_error(module_bytes: &[u8]) -> String {
+async fn load_error(module_bytes: &[u8]) -> String {
     let module = std::env::temp_dir().join(format!("{}.wasm", unique("bad-module")));
     std::fs::write(&module, module_bytes).expect("temp module");
     let mut mount = MountToml::new("orders", "fixture_script", "q");
     mount.module = module.clone();
     let text = config_text(&artemis_url(), &[mount]);
     let config = Config::parse(&text, &repo_root().join("test.toml")).expect("valid config");
-    let error = match Host::load(config) {
+    let error = match Host::load(config).await {
         Err(HostError::Modules(errors)) => errors
             .iter()
             .map(ToString::to_string)
@@ -154,23 +154,24 @@ fn load_error(module_bytes: &[u8]) -> String {
     error
 }
 
-#[test]
-fn a_file_that_is_not_a_component_is_refused_at_load() {
-    let error = load_error(b"not wasm at all");
+#[tokio::test]
+async fn a_file_that_is_not_a_component_is_refused_at_load() {
+    let error = load_error(b"not wasm at all").await;
     assert!(error.contains("is not a valid wasm component"), "{error}");
 }
 
-#[test]
-fn a_component_without_the_handler_export_is_refused_at_load() {
-    let error = load_error(b"(component)");
+#[tokio::test]
+async fn a_component_without_the_handler_export_is_refused_at_load() {
+    let error = load_error(b"(component)").await;
     assert!(error.contains("does not export `handle"), "{error}");
 }
 
-#[test]
-fn a_component_importing_what_the_host_lacks_is_refused_naming_the_import() {
+#[tokio::test]
+async fn a_component_importing_what_the_host_lacks_is_refused_naming_the_import() {
     let error = load_error(
         br#"(component (import "acme:secret/vault" (instance (export "open" (func)))))"#,
-    );
+    )
+    .await;
     assert!(error.contains("acme:secret/vault"), "{error}");
 }
 

@@ -3,6 +3,7 @@
 //! The shared helpers live in the `wharf_tests` library (`tests/src`).
 
 mod artemis;
+mod faults;
 mod languages;
 mod limits;
 mod rabbitmq;

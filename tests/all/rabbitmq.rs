@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use wharf::events::Event;
-use wharf::settlement::{Disposition, Publish};
+use wharf::settlement::{DelayPath, Disposition, Publish};
 
 use crate::client::{Client, TestMessage, retry_count};
 use crate::{MountToml, TestHost, rabbitmq_url, start_with_client, unique, wait_for_count};
@@ -88,10 +88,11 @@ async fn rabbitmq_does_not_offer_modified_so_retry_takes_the_copy_path() -> anyh
         .await?;
     let [first, copy] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
     assert_eq!(
-        first.plan.publish,
+        first.plan.publish(),
         Some(Publish::Copy {
             retry_count: 1,
-            delay: Duration::ZERO
+            delay: Duration::ZERO,
+            path: DelayPath::Held
         })
     );
     assert_eq!(first.disposition, Some(Disposition::Accepted));
@@ -157,9 +158,10 @@ async fn rabbitmq_retry_after_publishes_a_copy_later() -> anyhow::Result<()> {
             TestMessage::new(&name, "x").script("1:after=1000 *:ack"),
         )
         .await?;
-    let first = host.handled(&name).await?;
+    // Held: the original waits unsettled, then its copy is published and
+    // the original rejected; the copy may be handled before that is told.
+    let [first, copy] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
     assert_eq!(first.disposition, Some(Disposition::Rejected));
-    let copy = host.handled(&name).await?;
     assert!(published.elapsed() >= Duration::from_secs(1));
     assert_eq!(copy.counters.retry_count, Some(1));
     assert_eq!(copy.disposition, Some(Disposition::Accepted));
@@ -184,14 +186,15 @@ async fn rabbitmq_dead_letters_at_the_limit() -> anyhow::Result<()> {
         .await?;
     let [first, last] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
     assert_eq!(
-        first.plan.publish,
+        first.plan.publish(),
         Some(Publish::Copy {
             retry_count: 1,
-            delay: Duration::ZERO
+            delay: Duration::ZERO,
+            path: DelayPath::Held
         })
     );
     assert_eq!(last.attempt, 2);
-    assert_eq!(last.plan.publish, Some(Publish::DeadLetter));
+    assert_eq!(last.plan.publish(), Some(Publish::DeadLetter));
     assert_eq!(last.disposition, Some(Disposition::Accepted));
     let (_, got) = dead.next_with_id(&name).await?;
     assert_eq!(retry_count(&got), Some(1));
@@ -214,12 +217,14 @@ async fn rabbitmq_at_most_once() -> anyhow::Result<()> {
             TestMessage::new(&name, "x").script("1:after=500 *:ack"),
         )
         .await?;
-    let first = host.handled(&name).await?;
+    let [first, copy] = <[_; 2]>::try_from(host.handled_n(&name, 2).await?).expect("two");
     assert_eq!(first.disposition, None);
-    assert!(!first.plan.unsupported);
-    let copy = host.handled(&name).await?;
+    assert!(!first.plan.unsupported());
     assert_eq!(copy.counters.retry_count, Some(1));
-    assert!(copy.plan.unsupported, "ack on at-most-once changes nothing");
+    assert!(
+        copy.plan.unsupported(),
+        "ack on at-most-once changes nothing"
+    );
     host.stop().await?;
     assert_empty_and_delete(&name).await?;
     client.close().await;

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use wharf::authoring::InvokeInput;
 use wharf::sandbox::{
-    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Outcome, Sandbox,
+    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Outcome, PoolSize,
+    Sandbox,
 };
 
 /// The example handlers, by language.
@@ -49,7 +50,10 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         // A sandbox per language, so each compile is cold.
-        let sandbox = Sandbox::new()?;
+        let sandbox = Sandbox::new(PoolSize {
+            instances: 16,
+            max_memory: 256 << 20,
+        })?;
         let started = Instant::now();
         let module = sandbox.load(&path)?;
         let compile = started.elapsed();
@@ -73,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
                 }),
                 None,
                 CpuLane::new(),
+                sandbox.slots().clone(),
             ))
         };
         let fresh = per_delivery(&instances(InstancePolicy::PerDelivery)).await?;

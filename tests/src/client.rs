@@ -6,12 +6,14 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{
     ApplicationProperties, Body, Header, Message, Outcome, Properties,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use wharf::broker::Endpoint;
 use wharf::broker::message::AmqpMessage;
 use wharf::settlement::RETRY_COUNT_PROPERTY;
 
@@ -81,6 +83,7 @@ impl TestMessage {
                 Value::String(self.body.clone()),
             )))
             .build()
+            .into()
     }
 }
 
@@ -107,11 +110,9 @@ pub struct Client {
 impl Client {
     /// Connects to the broker at `url`.
     pub async fn connect(url: &str) -> anyhow::Result<Client> {
-        let mut connection = Connection::open(unique("wharf-test-client"), url)
-            .await
-            .with_context(|| {
-                format!("cannot connect to {url}: is the broker running? (scripts/test starts it)")
-            })?;
+        let mut connection = open(url).await.with_context(|| {
+            format!("cannot connect to {url}: is the broker running? (scripts/test starts it)")
+        })?;
         let session = Session::begin(&mut connection).await?;
         Ok(Client {
             connection,
@@ -121,18 +122,55 @@ impl Client {
         })
     }
 
+    async fn sender(&mut self, address: &str) -> anyhow::Result<&mut Sender> {
+        if !self.senders.contains_key(address) {
+            let sender = Sender::attach(&mut self.session, unique("test-sender"), address).await?;
+            self.senders.insert(address.to_owned(), sender);
+        }
+        Ok(self.senders.get_mut(address).expect("inserted above"))
+    }
+
+    /// Publishes bytes as they are, valid AMQP or not, and returns the
+    /// broker's answer.
+    pub async fn publish_raw(
+        &mut self,
+        address: &str,
+        payload: Vec<u8>,
+    ) -> anyhow::Result<Outcome> {
+        let sender = self.sender(address).await?;
+        Ok(sender.send_payload_batchable(payload.into()).await?.await?)
+    }
+
+    /// Publishes many messages without waiting for each answer in turn, then
+    /// checks every one was accepted.
+    pub async fn publish_many(
+        &mut self,
+        address: &str,
+        messages: impl IntoIterator<Item = AmqpMessage>,
+    ) -> anyhow::Result<()> {
+        let sender = self.sender(address).await?;
+        let mut answers = Vec::new();
+        for message in messages {
+            answers.push(sender.send_payload_batchable(message.encode()?).await?);
+        }
+        for answer in answers {
+            match answer.await? {
+                Outcome::Accepted(_) => {}
+                other => bail!("publish to {address}: broker answered {other:?}"),
+            }
+        }
+        Ok(())
+    }
+
     /// Publishes and waits for `accepted`.
     pub async fn publish(
         &mut self,
         address: &str,
         message: impl Into<AmqpMessage>,
     ) -> anyhow::Result<()> {
-        if !self.senders.contains_key(address) {
-            let sender = Sender::attach(&mut self.session, unique("test-sender"), address).await?;
-            self.senders.insert(address.to_owned(), sender);
-        }
-        let sender = self.senders.get_mut(address).expect("inserted above");
-        match sender.send(message.into()).await? {
+        let payload = message.into().encode()?;
+        let sender = self.sender(address).await?;
+        match sender.send_payload_batchable(payload).await?.await? {
             Outcome::Accepted(_) => Ok(()),
             other => bail!("publish to {address}: broker answered {other:?}"),
         }
@@ -155,6 +193,18 @@ impl Client {
         else {
             return Ok(0);
         };
+        text.trim_matches(|c| c == '[' || c == ']')
+            .parse()
+            .with_context(|| format!("management reply {text}"))
+    }
+
+    /// How many messages an Artemis queue holds for later delivery.
+    pub async fn artemis_scheduled_count(&mut self, queue: &str) -> anyhow::Result<u64> {
+        let resource = format!("queue.{queue}");
+        let text = self
+            .artemis_management(&resource, "getScheduledCount", "[]")
+            .await?
+            .with_context(|| format!("no queue {queue}"))?;
         text.trim_matches(|c| c == '[' || c == ']')
             .parse()
             .with_context(|| format!("management reply {text}"))
@@ -217,7 +267,7 @@ impl Client {
             .await
             .context("no management reply")??;
         receiver.accept(&reply).await?;
-        let text = body_text(reply.message());
+        let text = body_text(&reply.message().clone().into());
         let ok = reply
             .message()
             .application_properties
@@ -245,6 +295,26 @@ impl Client {
     }
 }
 
+/// A connection on a socket with `TCP_NODELAY`, as wharf opens them, so a
+/// test client is never the slow end.
+async fn open(url: &str) -> anyhow::Result<ConnectionHandle<()>> {
+    let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
+    let stream = wharf::broker::socket::connect(&endpoint.host, endpoint.port, DEADLINE).await?;
+    let profile = match &endpoint.user {
+        Some(user) => SaslProfile::Plain {
+            username: user.clone(),
+            password: endpoint.password.clone().unwrap_or_default(),
+        },
+        None => SaslProfile::Anonymous,
+    };
+    Ok(Connection::builder()
+        .container_id(unique("wharf-test-client"))
+        .hostname(endpoint.host.as_str())
+        .sasl_profile(profile)
+        .open_with_stream(stream)
+        .await?)
+}
+
 /// Messages arriving on one address, each accepted on receipt.
 pub struct Watcher {
     receiver: Receiver,
@@ -258,7 +328,7 @@ impl Watcher {
             .context("no message arrived in time")??;
         let arrived = Instant::now();
         self.receiver.accept(&delivery).await?;
-        Ok((arrived, delivery.into_message()))
+        Ok((arrived, delivery.into_message().into()))
     }
 
     /// The next message whose id is `id`, skipping others.
@@ -279,12 +349,12 @@ impl Watcher {
 
 /// `properties.message-id` as text.
 pub fn message_id(message: &AmqpMessage) -> Option<String> {
-    wharf::broker::message::message_id(message)
+    message.message_id()
 }
 
 /// The `x-ruststream-retry-count` of a message.
 pub fn retry_count(message: &AmqpMessage) -> Option<u32> {
-    wharf::broker::message::counters(message).retry_count
+    message.counters().retry_count
 }
 
 /// The body as text (an `amqp-value` string).

@@ -3,11 +3,14 @@
 //!
 //! The brokers must be running (`scripts/test` starts them): Apache Artemis
 //! on `WHARF_ARTEMIS_URL` (default `amqp://admin:admin@127.0.0.1:5672`) and
-//! RabbitMQ on `WHARF_RABBITMQ_URL` (default
-//! `amqp://guest:guest@127.0.0.1:5673`). Guest components come from
+//! RabbitMQ 3.10 on `WHARF_RABBITMQ_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5673`) and RabbitMQ 4 on
+//! `WHARF_RABBITMQ4_URL` (default `amqp://guest:guest@127.0.0.1:5674`). Guest components come from
 //! `build/guests` (`scripts/build-guests`).
 
 pub mod client;
+pub mod process;
+pub mod proxy;
 pub mod scenarios;
 
 use std::path::PathBuf;
@@ -33,6 +36,27 @@ pub fn artemis_url() -> String {
 pub fn rabbitmq_url() -> String {
     std::env::var("WHARF_RABBITMQ_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5673".into())
+}
+
+/// RabbitMQ 4 is shared by the tests that use it; the one that blocks every
+/// publisher on it takes it alone.
+static RABBITMQ4: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Held by a test that uses RabbitMQ 4 as it is.
+pub async fn rabbitmq4_shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    RABBITMQ4.read().await
+}
+
+/// Held by a test that changes RabbitMQ 4 for every client (its memory
+/// alarm).
+pub async fn rabbitmq4_exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    RABBITMQ4.write().await
+}
+
+/// The RabbitMQ 4 broker the tests use.
+pub fn rabbitmq4_url() -> String {
+    std::env::var("WHARF_RABBITMQ4_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5674".into())
 }
 
 /// The repository's root folder.
@@ -200,7 +224,7 @@ impl TestHost {
     pub async fn start_config(config: Config) -> anyhow::Result<TestHost> {
         init_logging();
         let mounts = config.mounts().count();
-        let host = Host::load(config)?;
+        let host = Host::load(config).await?;
         let events = host.subscribe();
         let mut host = TestHost {
             host: Some(host.start().await?),
@@ -282,7 +306,7 @@ impl TestHost {
         if let Some(host) = self.host.take() {
             tokio::time::timeout(DEADLINE, host.shutdown())
                 .await
-                .context("host did not stop in time")??;
+                .context("host did not stop in time")?;
         }
         Ok(())
     }

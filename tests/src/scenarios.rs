@@ -78,11 +78,12 @@ async fn a_throughput(messages: usize, spinners: u32) -> anyhow::Result<Duration
             .publish(&spin, TestMessage::new(&id, "x").header(0).script("*:spin"))
             .await?;
     }
-    for n in 0..messages {
-        client
-            .publish(&fast, TestMessage::new(&format!("{fast}.{n}"), "x"))
-            .await?;
-    }
+    client
+        .publish_many(
+            &fast,
+            (0..messages).map(|n| TestMessage::new(&format!("{fast}.{n}"), "x").build()),
+        )
+        .await?;
     let text = tenants_text(&url, "", &tenants);
     let mut host =
         TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;

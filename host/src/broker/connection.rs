@@ -5,6 +5,7 @@ use std::time::Duration;
 use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Connection, Session};
 
 use super::error::{BrokerError, ConnectFailure, Timed};
@@ -27,11 +28,48 @@ pub struct ConnectOptions {
     pub begin_timeout: Duration,
 }
 
+/// What a broker said about itself when the connection opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrokerOffers {
+    /// It schedules messages by their `x-opt-delivery-time` annotation.
+    pub delayed_delivery: bool,
+    /// The `product` of its open properties (`apache-activemq-artemis`,
+    /// `RabbitMQ`).
+    pub product: Option<String>,
+    /// The `version` of its open properties.
+    pub version: Option<String>,
+}
+
+/// The capability a broker offers in its open when it schedules messages by
+/// their delivery time (Artemis does).
+const DELAYED_DELIVERY: &str = "DELAYED_DELIVERY";
+
+impl BrokerOffers {
+    fn of(handle: &ConnectionHandle<()>) -> BrokerOffers {
+        let property = |key: &str| {
+            let properties = handle.remote_properties()?;
+            match properties.get(&Symbol::from(key))? {
+                Value::String(text) => Some(text.clone()),
+                Value::Symbol(text) => Some(text.0.clone()),
+                _ => None,
+            }
+        };
+        BrokerOffers {
+            delayed_delivery: handle
+                .remote_offered_capabilities()
+                .is_some_and(|offered| offered.iter().any(|c| c.0 == DELAYED_DELIVERY)),
+            product: property("product"),
+            version: property("version"),
+        }
+    }
+}
+
 /// An open AMQP 1.0 connection.
 pub struct BrokerConnection {
     handle: ConnectionHandle<()>,
     endpoint: Endpoint,
     begin_timeout: Duration,
+    offers: BrokerOffers,
 }
 
 impl BrokerConnection {
@@ -79,6 +117,7 @@ impl BrokerConnection {
             .map_err(|_| fail(ConnectFailure::TimedOut(options.connect_timeout)))?
             .map_err(fail)?;
         Ok(BrokerConnection {
+            offers: BrokerOffers::of(&handle),
             handle,
             endpoint: endpoint.clone(),
             begin_timeout: options.begin_timeout,
@@ -88,6 +127,11 @@ impl BrokerConnection {
     /// The node it is connected to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
+    }
+
+    /// What the broker said about itself.
+    pub fn offers(&self) -> &BrokerOffers {
+        &self.offers
     }
 
     /// Begins a session, within the begin time-out.

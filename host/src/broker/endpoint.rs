@@ -48,7 +48,10 @@ impl Endpoint {
         let password = url.password().map(decode).transpose()?;
         Ok(Endpoint {
             scheme: url.scheme().to_owned(),
-            host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
             port: url.port().unwrap_or(default_port),
             user,
             password,
@@ -118,7 +121,11 @@ pub fn redact(text: &str) -> String {
     match authority.rsplit_once('@') {
         Some((credentials, host)) => {
             let user = credentials.split_once(':').map_or(credentials, |(u, _)| u);
-            let hidden = if credentials.contains(':') { ":***" } else { "" };
+            let hidden = if credentials.contains(':') {
+                ":***"
+            } else {
+                ""
+            };
             format!("{scheme}://{user}{hidden}@{host}{tail}")
         }
         None => text.to_owned(),

@@ -13,13 +13,13 @@ mod subscription;
 
 use std::time::Duration;
 
-pub use connection::{BrokerConnection, ConnectOptions};
+pub use connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 pub use endpoint::{Endpoint, redact};
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
 pub use pool::{BrokerPool, PoolStatus, PooledSession};
 pub use publisher::{Offered, Publisher, PublisherTask, SenderTarget};
 pub use send::{SendOptions, send};
-pub use subscription::{Inbound, ReceiverOptions, Received, Subscription};
+pub use subscription::{Inbound, Received, ReceiverOptions, Subscription};
 
 /// How long to wait for the broker to answer a detach, end or close.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);

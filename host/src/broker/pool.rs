@@ -15,7 +15,7 @@ use fe2o3_amqp::session::{BeginError, SessionHandle};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::connection::{BrokerConnection, ConnectOptions};
+use super::connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 use super::error::{BrokerError, Timed};
 use super::{CLOSE_TIMEOUT, Endpoint};
 use crate::backoff::{Backoff, BackoffPolicy};
@@ -30,6 +30,8 @@ pub struct PooledSession {
     pub session: SessionHandle<()>,
     /// The node the connection is to.
     pub endpoint: Endpoint,
+    /// What the broker said about itself when the connection opened.
+    pub offers: BrokerOffers,
     _lease: Lease,
 }
 
@@ -75,7 +77,11 @@ enum Request {
 impl BrokerPool {
     /// A pool for the broker whose nodes are `endpoints`; nothing connects
     /// until a session is asked for.
-    pub fn new(endpoints: Vec<Endpoint>, options: ConnectOptions, waits: BackoffPolicy) -> BrokerPool {
+    pub fn new(
+        endpoints: Vec<Endpoint>,
+        options: ConnectOptions,
+        waits: BackoffPolicy,
+    ) -> BrokerPool {
         let (requests, inbox) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(PoolStatus::default());
         let task = PoolTask {
@@ -96,9 +102,11 @@ impl BrokerPool {
     /// once with the last error while the broker is being backed off from.
     pub async fn session(&self) -> Result<PooledSession, Arc<BrokerError>> {
         let (done, answer) = oneshot::channel();
-        let closed = || Arc::new(BrokerError::Begin {
-            source: Timed::Failed(BeginError::IllegalState),
-        });
+        let closed = || {
+            Arc::new(BrokerError::Begin {
+                source: Timed::Failed(BeginError::IllegalState),
+            })
+        };
         self.requests
             .send(Request::Session(done))
             .map_err(|_| closed())?;
@@ -278,6 +286,7 @@ fn lease(live: &mut Live, session: SessionHandle<()>) -> PooledSession {
     PooledSession {
         session,
         endpoint: live.connection.endpoint().clone(),
+        offers: live.connection.offers().clone(),
         _lease: Lease {
             sessions: live.sessions.clone(),
             full: live.full.clone(),

@@ -223,7 +223,8 @@ impl Links {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(e)) if e.recovery() != ErrorRecovery::UseLink => {
                     let _ = done.send(Err(fail(PublishFailure::LinkDown)));
-                    self.failure.record(BrokerError::Sender { address, source: e });
+                    self.failure
+                        .record(BrokerError::Sender { address, source: e });
                     continue;
                 }
                 Ok(Err(e)) => {
@@ -245,7 +246,8 @@ impl Links {
                     Ok(Err(e)) => Err(PublishFailure::Send(e)),
                     Err(_) => Err(PublishFailure::TimedOut(timeout)),
                 };
-                let _ = done.send(result.map_err(|source| BrokerError::Publish { address, source }));
+                let _ =
+                    done.send(result.map_err(|source| BrokerError::Publish { address, source }));
             });
             while waiting.try_join_next().is_some() {}
         }

@@ -654,8 +654,18 @@ impl Checker<'_> {
         }
         let defaults = Broker::at("");
         let reconnect = BackoffPolicy {
-            initial: self.timeout(here, "reconnect_initial", raw.reconnect_initial, defaults.reconnect.initial)?,
-            max: self.timeout(here, "reconnect_max", raw.reconnect_max, defaults.reconnect.max)?,
+            initial: self.timeout(
+                here,
+                "reconnect_initial",
+                raw.reconnect_initial,
+                defaults.reconnect.initial,
+            )?,
+            max: self.timeout(
+                here,
+                "reconnect_max",
+                raw.reconnect_max,
+                defaults.reconnect.max,
+            )?,
         };
         if reconnect.max < reconnect.initial {
             return Err(self.invalid(
@@ -666,10 +676,30 @@ impl Checker<'_> {
         Ok(Broker {
             urls,
             container_id: raw.container_id.unwrap_or_else(default_container_id),
-            connect_timeout: self.timeout(here, "connect_timeout", raw.connect_timeout, defaults.connect_timeout)?,
-            idle_timeout: self.timeout(here, "idle_timeout", raw.idle_timeout, defaults.idle_timeout)?,
-            attach_timeout: self.timeout(here, "attach_timeout", raw.attach_timeout, defaults.attach_timeout)?,
-            publish_timeout: self.timeout(here, "publish_timeout", raw.publish_timeout, defaults.publish_timeout)?,
+            connect_timeout: self.timeout(
+                here,
+                "connect_timeout",
+                raw.connect_timeout,
+                defaults.connect_timeout,
+            )?,
+            idle_timeout: self.timeout(
+                here,
+                "idle_timeout",
+                raw.idle_timeout,
+                defaults.idle_timeout,
+            )?,
+            attach_timeout: self.timeout(
+                here,
+                "attach_timeout",
+                raw.attach_timeout,
+                defaults.attach_timeout,
+            )?,
+            publish_timeout: self.timeout(
+                here,
+                "publish_timeout",
+                raw.publish_timeout,
+                defaults.publish_timeout,
+            )?,
             reconnect,
         })
     }

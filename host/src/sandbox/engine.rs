@@ -72,8 +72,12 @@ impl Sandbox {
     pub fn new(size: PoolSize) -> anyhow::Result<Sandbox> {
         let slots = InstanceSlots::new(
             size.instances,
-            size.instances.saturating_mul(MEMORIES_PER_INSTANCE).max(MAX_MEMORIES_PER_COMPONENT),
-            size.instances.saturating_mul(TABLES_PER_INSTANCE).max(MAX_TABLES_PER_COMPONENT),
+            size.instances
+                .saturating_mul(MEMORIES_PER_INSTANCE)
+                .max(MAX_MEMORIES_PER_COMPONENT),
+            size.instances
+                .saturating_mul(TABLES_PER_INSTANCE)
+                .max(MAX_TABLES_PER_COMPONENT),
         );
         let engine = match Engine::new(&config(Some((size, &slots)))) {
             Ok(engine) => engine,

@@ -119,7 +119,10 @@ impl InstanceSlots {
     async fn acquire(&self, needs: PoolNeeds) -> SlotPermit {
         let closed = "instance slot semaphores are never closed";
         let mut permits = vec![self.instances.clone().acquire_owned().await.expect(closed)];
-        for (semaphore, n) in [(&self.memories, needs.memories), (&self.tables, needs.tables)] {
+        for (semaphore, n) in [
+            (&self.memories, needs.memories),
+            (&self.tables, needs.tables),
+        ] {
             if n > 0 {
                 permits.push(semaphore.clone().acquire_many_owned(n).await.expect(closed));
             }
@@ -191,7 +194,10 @@ impl Instances {
     /// Runs `module` for a mount under `limits` and `grants`, its instances'
     /// memory counted in `budget`, their long runs sharing `lane`, and their
     /// room in the pool taken from `slots`.
-    #[allow(clippy::too_many_arguments, reason = "each is a separate limit, named at the call")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "each is a separate limit, named at the call"
+    )]
     pub fn new(
         module: Module,
         limits: CallLimits,
@@ -228,7 +234,10 @@ impl Instances {
         instance.store.set_epoch_deadline(1);
         let instantiated = tokio::time::timeout(
             timeout,
-            self.module.compiled.pre.instantiate_async(&mut instance.store),
+            self.module
+                .compiled
+                .pre
+                .instantiate_async(&mut instance.store),
         )
         .await;
         instance.store.data_mut().end_call();

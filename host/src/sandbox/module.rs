@@ -8,8 +8,8 @@ use wasmtime::{Engine, Trap};
 
 use super::bindings::HandlerPre;
 use super::engine::{MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT};
-use super::instances::PoolNeeds;
 use super::grants::Denied;
+use super::instances::PoolNeeds;
 use super::store::StoreState;
 
 /// The unit linear memory is sized in.

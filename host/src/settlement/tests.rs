@@ -304,7 +304,10 @@ fn a_broker_that_counts_nothing_gets_copies_even_with_modified() {
         delivery_count: Some(0),
         retry_count: Some(2),
     };
-    assert_eq!(plan(&uncounted, &last, Outcome::Retry), dead_letter_then_accept());
+    assert_eq!(
+        plan(&uncounted, &last, Outcome::Retry),
+        dead_letter_then_accept()
+    );
 }
 
 fn any_settle() -> impl Strategy<Value = Settle> {

@@ -83,7 +83,10 @@ fn pool(broker: &Broker) -> BrokerPool {
 impl Control {
     /// Starts every mount of `config`; each attaches on its own and keeps
     /// trying while its broker cannot be reached.
-    #[allow(clippy::too_many_arguments, reason = "the host hands over everything it made")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the host hands over everything it made"
+    )]
     pub(super) fn start(
         config: Config,
         modules: Vec<Module>,
@@ -149,13 +152,19 @@ impl Control {
             .or_insert_with(|| TenantState {
                 placement: placement(tenant),
                 limits: TenantLimits::new(tenant.budget),
-                pool: tenant.broker.as_ref().map_or_else(|| default_pool.clone(), pool),
+                pool: tenant
+                    .broker
+                    .as_ref()
+                    .map_or_else(|| default_pool.clone(), pool),
             })
     }
 
     /// What a mount of `tenant` runs with.
     fn spec(&mut self, tenant: &Tenant, mount: &Mount, module: Module) -> Arc<MountSpec> {
-        let broker = tenant.broker.clone().unwrap_or_else(|| self.config.broker.clone());
+        let broker = tenant
+            .broker
+            .clone()
+            .unwrap_or_else(|| self.config.broker.clone());
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let tags = Arc::new(LogTags {
             tenant: tenant.name.as_str().into(),

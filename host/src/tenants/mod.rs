@@ -209,7 +209,11 @@ async fn probe_modules(
             });
         }
     }
-    if errors.is_empty() { Ok(()) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
 }
 
 /// Compiles every mount's module, or says which ones cannot be used.

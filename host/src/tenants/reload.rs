@@ -96,8 +96,16 @@ mod tests {
 
     #[test]
     fn adds_removes_replaces_and_keeps() {
-        let old = config(&mounts(&[("a", "", &[("keep", "k"), ("change", "c1"), ("gone", "g")])]));
-        let new = config(&mounts(&[("a", "", &[("keep", "k"), ("change", "c2"), ("new", "n")])]));
+        let old = config(&mounts(&[(
+            "a",
+            "",
+            &[("keep", "k"), ("change", "c1"), ("gone", "g")],
+        )]));
+        let new = config(&mounts(&[(
+            "a",
+            "",
+            &[("keep", "k"), ("change", "c2"), ("new", "n")],
+        )]));
         let changes = diff(&wanted(&old), &wanted(&new));
         assert_eq!(changes[&key("a", "keep")], Change::Keep);
         assert_eq!(changes[&key("a", "change")], Change::Replace);
@@ -122,7 +130,11 @@ mod tests {
         assert_eq!(changes[&key("b", "m")], Change::Keep);
         let moved = config(&mounts(&[
             ("a", "", &[("m1", "a1"), ("m2", "a2")]),
-            ("b", "[tenant.broker]\nurl = \"amqp://other\"", &[("m", "b1")]),
+            (
+                "b",
+                "[tenant.broker]\nurl = \"amqp://other\"",
+                &[("m", "b1")],
+            ),
         ]));
         let changes = diff(&wanted(&old), &wanted(&moved));
         assert_eq!(changes[&key("b", "m")], Change::Replace);

@@ -34,7 +34,11 @@ pub trait Supervised: Send {
 /// Attaches `thing` and runs it, again and again, backing off between
 /// failures, until `stop` is cancelled. Every wait, the backoff included,
 /// ends at once when `stop` is cancelled.
-pub async fn supervise<S: Supervised>(thing: &mut S, policy: BackoffPolicy, stop: &CancellationToken) {
+pub async fn supervise<S: Supervised>(
+    thing: &mut S,
+    policy: BackoffPolicy,
+    stop: &CancellationToken,
+) {
     let mut backoff = Backoff::new(policy);
     while !stop.is_cancelled() {
         thing.report(State::Attaching);
@@ -215,10 +219,8 @@ mod tests {
     async fn a_thing_that_fails_at_once_after_every_attach_still_backs_off() {
         let stop = CancellationToken::new();
         let mut fake = Fake::new(0, |_| Run::FailAfter(Duration::ZERO), &stop);
-        let minute = tokio::time::timeout(
-            Duration::from_secs(60),
-            supervise(&mut fake, POLICY, &stop),
-        );
+        let minute =
+            tokio::time::timeout(Duration::from_secs(60), supervise(&mut fake, POLICY, &stop));
         assert!(minute.await.is_err(), "it never stops on its own");
         // About one attach per second once the waits reach the ceiling:
         // never a hot loop.

@@ -15,7 +15,7 @@ use fe2o3_amqp::types::messaging::annotations::OwnedKey;
 use fe2o3_amqp::types::messaging::{
     Body, DeliveryAnnotations, Footer, Header, Message, MessageAnnotations, Properties,
 };
-use fe2o3_amqp::types::primitives::{Symbol, Timestamp, Value};
+use fe2o3_amqp::types::primitives::{Symbol, Value};
 
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
 pub use sections::DecodeFailure;
@@ -26,7 +26,7 @@ pub use view::{DeliveryContext, to_delivery};
 const DELIVERY_COUNT_ANNOTATION: &str = "x-delivery-count";
 
 /// The annotation Artemis schedules a message by: milliseconds since the
-/// Unix epoch.
+/// Unix epoch, as a long.
 pub const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
 
 /// A message, section by section.
@@ -102,7 +102,9 @@ impl AmqpMessage {
         let annotated = self
             .message_annotations
             .as_ref()
-            .and_then(|a| a.0.get(&OwnedKey::Symbol(Symbol::from(DELIVERY_COUNT_ANNOTATION))))
+            .and_then(|a| {
+                a.0.get(&OwnedKey::Symbol(Symbol::from(DELIVERY_COUNT_ANNOTATION)))
+            })
             .and_then(as_u32);
         let delivery_count = match (&self.header, annotated) {
             (Some(header), Some(annotated)) => Some(header.delivery_count.max(annotated)),
@@ -131,13 +133,14 @@ impl AmqpMessage {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or(Duration::ZERO)
                 .as_millis();
-            let at = Timestamp::from_milliseconds(i64::try_from(millis).unwrap_or(i64::MAX));
+            // A long, as JMS clients send it: Artemis ignores a timestamp.
+            let at = i64::try_from(millis).unwrap_or(i64::MAX);
             annotations
                 .get_or_insert_with(|| MessageAnnotations::builder().build())
                 .0
                 .insert(
                     OwnedKey::Symbol(Symbol::from(DELIVERY_TIME_ANNOTATION)),
-                    Value::Timestamp(at),
+                    Value::Long(at),
                 );
         }
         AmqpMessage {

@@ -64,11 +64,15 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
             .map_err(|e| failure(index, "is not an AMQP value", e))?;
         let bytes = section.as_slice();
         let code = section_code(bytes).ok_or_else(|| {
-            DecodeFailure(format!("section {index} is not a described message section"))
+            DecodeFailure(format!(
+                "section {index} is not a described message section"
+            ))
         })?;
         let typed = |what: &'static str| move |e: serde_amqp::Error| failure(index, what, e);
         match code {
-            HEADER => message.header = Some(typed_section::<Header>(bytes).map_err(typed("header"))?),
+            HEADER => {
+                message.header = Some(typed_section::<Header>(bytes).map_err(typed("header"))?)
+            }
             DELIVERY_ANNOTATIONS => {
                 message.delivery_annotations = Some(
                     typed_section::<DeliveryAnnotations>(bytes)
@@ -89,12 +93,12 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
                 message.application_properties = Some(application_properties(index, bytes)?);
             }
             DATA => data.push(typed_section::<Data>(bytes).map_err(typed("data"))?),
-            SEQUENCE => sequences.push(
-                typed_section::<AmqpSequence<Value>>(bytes).map_err(typed("amqp-sequence"))?,
-            ),
+            SEQUENCE => sequences
+                .push(typed_section::<AmqpSequence<Value>>(bytes).map_err(typed("amqp-sequence"))?),
             VALUE => {
-                message.body =
-                    Body::Value(typed_section::<AmqpValue<Value>>(bytes).map_err(typed("amqp-value"))?);
+                message.body = Body::Value(
+                    typed_section::<AmqpValue<Value>>(bytes).map_err(typed("amqp-value"))?,
+                );
             }
             FOOTER => {
                 message.footer = Some(typed_section::<Footer>(bytes).map_err(typed("footer"))?);

@@ -77,7 +77,11 @@ fn body_bytes(body: &Body<Value>) -> (Vec<u8>, bool) {
             other => (json_text(other).into_bytes(), true),
         },
         Body::Sequence(sections) => {
-            let items = sections.iter().flat_map(|s| s.0.iter()).map(to_json).collect();
+            let items = sections
+                .iter()
+                .flat_map(|s| s.0.iter())
+                .map(to_json)
+                .collect();
             (Json::Array(items).to_string().into_bytes(), true)
         }
         Body::Empty => (Vec::new(), false),

@@ -6,8 +6,8 @@ use std::sync::atomic::AtomicBool;
 
 use super::MountSpec;
 use crate::broker::{
-    AttachFailure, BrokerError, Offered, PooledSession, Publisher, PublisherTask,
-    ReceiverOptions, SenderTarget, Subscription, CLOSE_TIMEOUT,
+    AttachFailure, BrokerError, CLOSE_TIMEOUT, Offered, PooledSession, Publisher, PublisherTask,
+    ReceiverOptions, SenderTarget, Subscription,
 };
 use crate::config::{DelayChoice, Node, RetryAfterOriginal, RetryChoice};
 use crate::events::Event;
@@ -83,17 +83,21 @@ impl AttachedMount {
             spec.broker.publish_timeout,
             CLOSE_TIMEOUT,
         );
-        let (publisher, publisher_task, offered) = match tokio::time::timeout(timeout, attached).await
-        {
-            Ok(Ok(attached)) => attached,
-            Ok(Err(e)) => {
-                subscription.close(CLOSE_TIMEOUT).await;
-                return Err(e);
-            }
-            Err(_) => {
-                subscription.close(CLOSE_TIMEOUT).await;
-                return Err(timed_out());
-            }
+        let (publisher, publisher_task, offered) =
+            match tokio::time::timeout(timeout, attached).await {
+                Ok(Ok(attached)) => attached,
+                Ok(Err(e)) => {
+                    subscription.close(CLOSE_TIMEOUT).await;
+                    return Err(e);
+                }
+                Err(_) => {
+                    subscription.close(CLOSE_TIMEOUT).await;
+                    return Err(timed_out());
+                }
+            };
+        // A broker may offer scheduling on the connection or on the link.
+        let offered = Offered {
+            delayed_delivery: offered.delayed_delivery || session.offers.delayed_delivery,
         };
         let policy = policy(&spec, subscription.modified_supported(), offered);
         tracing::info!(

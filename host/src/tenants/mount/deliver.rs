@@ -15,8 +15,8 @@ use crate::broker::Inbound;
 use crate::broker::message::{self, DeliveryContext};
 use crate::config::Settle;
 use crate::events::{Event, Handled};
-use crate::sandbox::Reserved;
 use crate::sandbox::MemoryHeld;
+use crate::sandbox::Reserved;
 use crate::settlement::{self, HandlerResult, Outcome, Publish};
 
 /// Runs the handler on one delivery and carries out the plan for its

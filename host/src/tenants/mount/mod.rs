@@ -103,7 +103,10 @@ pub(crate) struct MountSpec {
 }
 
 impl MountSpec {
-    #[allow(clippy::too_many_arguments, reason = "every part is needed, and named at the one call")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "every part is needed, and named at the one call"
+    )]
     pub(crate) fn new(
         tags: Arc<LogTags>,
         config: Mount,
@@ -195,7 +198,11 @@ impl Supervised for SupervisedMount {
     async fn attach(&mut self) -> Result<AttachedMount, String> {
         match self.first.take() {
             Some(attached) => Ok(attached),
-            None => self.spec.attach(&self.pool).await.map_err(|e| e.to_string()),
+            None => self
+                .spec
+                .attach(&self.pool)
+                .await
+                .map_err(|e| e.to_string()),
         }
     }
 

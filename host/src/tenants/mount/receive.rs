@@ -89,16 +89,21 @@ impl AttachedMount {
         match &failure {
             None => {
                 let deadline = Instant::now() + spec.grace - detach_budget;
-                drain(&subscription, &mut inbox, &mut tasks, &flush, deadline, &spec.tags).await;
+                drain(
+                    &subscription,
+                    &mut inbox,
+                    &mut tasks,
+                    &flush,
+                    deadline,
+                    &spec.tags,
+                )
+                .await;
             }
             Some(_) => abandon(&mut tasks, &context),
         }
         // Detach the receiver and the senders together: the broker takes
         // back whatever is still unsettled.
-        tokio::join!(
-            subscription.close(detach_budget),
-            publisher_task.close()
-        );
+        tokio::join!(subscription.close(detach_budget), publisher_task.close());
         drop(session);
         failure.map_or(Ok(()), Err)
     }

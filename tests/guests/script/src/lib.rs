@@ -9,12 +9,14 @@
 //! ack; reads the clock), `flood=BYTES` (write that much to stdout, then
 //! ack), `env=NAME` (ack if the environment has NAME, else drop), `clock`
 //! and `random` (read the wall clock or random bytes, then ack), `fresh`
-//! (ack in a fresh instance, drop in one that served a delivery before).
+//! (ack in a fresh instance, drop in one that served a delivery before),
+//! `expect=KEY=TEXT` (ack if the property KEY, rendered as text, is TEXT,
+//! else drop), `body=TEXT` (ack if the body is TEXT, else drop).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use wharf_guest::{Delivery, Outcome, log};
+use wharf_guest::{Delivery, Outcome, Value, log};
 
 fn handle(d: Delivery) -> Outcome {
     let action = d
@@ -53,6 +55,24 @@ fn handle(d: Delivery) -> Outcome {
             if let Some(Ok(bytes)) = other.strip_prefix("flood=").map(str::parse::<usize>) {
                 flood(bytes);
             }
+            if let Some((key, wanted)) = other.strip_prefix("expect=").and_then(|e| e.split_once('=')) {
+                let rendered = d.property(key).map(render);
+                return match rendered {
+                    Some(seen) if seen == wanted => Outcome::Ack,
+                    seen => {
+                        log::warn(&format!("property {key} is {seen:?}"));
+                        Outcome::Drop
+                    }
+                };
+            }
+            if let Some(wanted) = other.strip_prefix("body=") {
+                return if d.body_str() == Some(wanted) {
+                    Outcome::Ack
+                } else {
+                    log::warn(&format!("body is {:?}", d.body_str()));
+                    Outcome::Drop
+                };
+            }
             if let Some(name) = other.strip_prefix("env=") {
                 return match std::env::var(name) {
                     Ok(_) => Outcome::Ack,
@@ -67,6 +87,20 @@ fn handle(d: Delivery) -> Outcome {
             }
             Outcome::Ack
         }
+    }
+}
+
+/// A property value as text: the text of strings and of everything the host
+/// renders (lists, maps, uuids...), numbers in decimal.
+fn render(value: &Value) -> String {
+    match value {
+        Value::String(s) | Value::Other(s) => s.clone(),
+        Value::Int(n) | Value::Timestamp(n) => n.to_string(),
+        Value::Uint(n) => n.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        Value::Bytes(bytes) => format!("{bytes:?}"),
+        Value::Null => "null".to_owned(),
     }
 }
 

@@ -219,6 +219,7 @@ impl<Tls, Sasl> ConnectionAcceptor<Tls, Sasl> {
             outgoing: outgoing_tx,
             connection_stop_reason,
             max_frame_size,
+            remote_open: None,
             session_listener: begin_rx,
         };
         Ok(connection_handle)

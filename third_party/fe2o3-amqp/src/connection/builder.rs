@@ -1348,6 +1348,7 @@ cfg_not_wasm32! {
     {
         let connection_stop_reason = engine.connection_stop_reason().clone();
         let max_frame_size = engine.max_frame_size();
+        let remote_open = engine.remote_open();
         let (handle, outcome) = engine.spawn();
 
         let connection_handle = ConnectionHandle {
@@ -1358,6 +1359,7 @@ cfg_not_wasm32! {
             outgoing: outgoing_tx, // session_control: session_control_tx
             connection_stop_reason,
             max_frame_size,
+            remote_open,
             session_listener: (),
         };
 
@@ -1377,6 +1379,7 @@ cfg_wasm32! {
     {
         let connection_stop_reason = engine.connection_stop_reason().clone();
         let max_frame_size = engine.max_frame_size();
+        let remote_open = engine.remote_open();
         let (handle, outcome) = engine.spawn_on_local_set(local_set);
 
         let connection_handle = ConnectionHandle {
@@ -1387,6 +1390,7 @@ cfg_wasm32! {
             outgoing: outgoing_tx, // session_control: session_control_tx
             connection_stop_reason,
             max_frame_size,
+            remote_open,
             session_listener: (),
         };
 
@@ -1403,6 +1407,7 @@ cfg_wasm32! {
     {
         let connection_stop_reason = engine.connection_stop_reason().clone();
         let max_frame_size = engine.max_frame_size();
+        let remote_open = engine.remote_open();
         let (handle, outcome) = engine.spawn_local();
 
         let connection_handle = ConnectionHandle {
@@ -1413,6 +1418,7 @@ cfg_wasm32! {
             outgoing: outgoing_tx, // session_control: session_control_tx
             connection_stop_reason,
             max_frame_size,
+            remote_open,
             session_listener: (),
         };
 

@@ -34,6 +34,13 @@ pub(crate) struct ConnectionEngine<Io, C> {
     heartbeat: HeartBeat,
 }
 
+impl<Io> ConnectionEngine<Io, crate::connection::Connection> {
+    /// The peer's `open`, once exchanged
+    pub(crate) fn remote_open(&self) -> Option<fe2o3_amqp_types::performatives::Open> {
+        self.connection.remote_open.clone()
+    }
+}
+
 impl<Io, C> ConnectionEngine<Io, C>
 where
     Io: AsyncRead + AsyncWrite + Unpin,

@@ -99,6 +99,8 @@ pub struct ConnectionHandle<R> {
     /// The negotiated max frame size (encoder max frame length), shared with
     /// the sessions and the links
     pub(crate) max_frame_size: usize,
+    /// The peer's `open`: its offered capabilities and properties
+    pub(crate) remote_open: Option<fe2o3_amqp_types::performatives::Open>,
     pub(crate) session_listener: R,
 }
 
@@ -135,6 +137,22 @@ impl<R> ConnectionHandle<R> {
             true => true,
             false => self.control.is_closed(),
         }
+    }
+
+    /// The capabilities the peer offered in its `open` (Artemis offers
+    /// `DELAYED_DELIVERY` there)
+    pub fn remote_offered_capabilities(&self) -> Option<&[fe2o3_amqp_types::primitives::Symbol]> {
+        self.remote_open
+            .as_ref()?
+            .offered_capabilities
+            .as_ref()
+            .map(|capabilities| capabilities.0.as_slice())
+    }
+
+    /// The properties the peer sent in its `open` (its product and version,
+    /// for instance)
+    pub fn remote_properties(&self) -> Option<&fe2o3_amqp_types::definitions::Fields> {
+        self.remote_open.as_ref()?.properties.as_ref()
     }
 
     /// The negotiated max frame size (encoder max frame length) of this

@@ -1,0 +1,166 @@
+//! The real `wharf` binary as a child process: started on a config file,
+//! its JSON log read line by line, signalled and killed like in production.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+
+use crate::{DEADLINE, MountToml, artemis_url, config_text, unique};
+
+/// The `wharf` binary built beside this test binary.
+pub fn wharf_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .join("wharf");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first (cargo build -p wharf-host; scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// `wharf run` on a config written to a temporary file, its log on a pipe.
+pub struct WharfProcess {
+    /// The process.
+    pub child: Child,
+    /// `None` once handed to a background reader.
+    log: Option<tokio::io::Lines<BufReader<ChildStderr>>>,
+    _config: TempFile,
+}
+
+impl WharfProcess {
+    /// `wharf run` with `mounts` on Artemis, once it logs that it runs.
+    pub async fn start(mounts: &[MountToml]) -> anyhow::Result<WharfProcess> {
+        WharfProcess::start_config(&config_text(&artemis_url(), mounts)).await
+    }
+
+    /// `wharf run` on the config `text`, once it logs that it runs.
+    pub async fn start_config(text: &str) -> anyhow::Result<WharfProcess> {
+        let config = TempFile::new("toml", text)?;
+        let mut child = Command::new(wharf_binary())
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(&config.0)
+            .env("WHARF_LOG", "info,wharf=debug")
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let log = BufReader::new(child.stderr.take().expect("piped")).lines();
+        let mut process = WharfProcess {
+            child,
+            log: Some(log),
+            _config: config,
+        };
+        process.wait_for_log("running").await?;
+        Ok(process)
+    }
+
+    /// Reads the log until `n` lines contained `needle`.
+    pub async fn count_log(&mut self, needle: &str, n: usize) -> anyhow::Result<()> {
+        for _ in 0..n {
+            self.wait_for_log(needle).await?;
+        }
+        Ok(())
+    }
+
+    /// From now on reads the log in the background, collecting the message
+    /// id of every delivery handled and accepted (from the `handled` debug
+    /// line). The log must be read: a child whose pipe is full stops.
+    pub fn collect_handled(&mut self) -> Arc<Mutex<Vec<String>>> {
+        let handled = Arc::new(Mutex::new(Vec::new()));
+        let collected = handled.clone();
+        let mut log = self
+            .log
+            .take()
+            .expect("the log is read only once in the background");
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = log.next_line().await {
+                if line.contains("\"message\":\"handled\"")
+                    && line.contains("\"disposition\":\"Some(Accepted)\"")
+                    && let Some(id) = json_field(&line, "messaging.message.id")
+                {
+                    collected.lock().expect("log lock").push(id.to_owned());
+                }
+            }
+        });
+        handled
+    }
+
+    /// Reads the log until a line contains `needle`.
+    pub async fn wait_for_log(&mut self, needle: &str) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let log = self
+            .log
+            .as_mut()
+            .context("the log is read in the background")?;
+        let mut last = std::collections::VecDeque::new();
+        let tail = |last: &std::collections::VecDeque<String>| {
+            last.iter().cloned().collect::<Vec<_>>().join("\n")
+        };
+        loop {
+            let line = match tokio::time::timeout_at(deadline, log.next_line()).await {
+                Ok(line) => line?,
+                Err(_) => anyhow::bail!(
+                    "no log line with {needle:?} in time; last lines:\n{}",
+                    tail(&last)
+                ),
+            };
+            let Some(line) = line else {
+                anyhow::bail!(
+                    "wharf exited before logging {needle:?}; last lines:\n{}",
+                    tail(&last)
+                );
+            };
+            if line.contains(needle) {
+                return Ok(line);
+            }
+            if last.len() == 20 {
+                last.pop_front();
+            }
+            last.push_back(line);
+        }
+    }
+}
+
+/// The string value of `"key":"..."` in a JSON log line.
+fn json_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let end = line[start..].find('"')?;
+    Some(&line[start..start + end])
+}
+
+/// A file removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    /// A new temporary file holding `text`.
+    pub fn new(extension: &str, text: &str) -> anyhow::Result<TempFile> {
+        let path = std::env::temp_dir().join(format!("{}.{extension}", unique("wharf-test")));
+        std::fs::write(&path, text)?;
+        Ok(TempFile(path))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Sends `signal` (`-TERM`, `-HUP`) to the wharf process.
+pub async fn signal(wharf: &WharfProcess, signal: &str) -> anyhow::Result<()> {
+    let pid = wharf.child.id().context("running")?;
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "kill {signal} {pid}: {status}");
+    Ok(())
+}
