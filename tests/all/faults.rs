@@ -674,3 +674,64 @@ async fn a_full_instance_pool_is_back_pressure_not_a_failed_attempt() -> anyhow:
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_tenant_whose_broker_is_away_at_start_keeps_trying_while_the_others_serve()
+-> anyhow::Result<()> {
+    let url = artemis_url();
+    let here = unique("here");
+    let tenants = [
+        TenantToml::new("here", vec![MountToml::new("m", "fixture_script", &here)]),
+        TenantToml::new(
+            "away",
+            vec![MountToml::new("m", "fixture_script", &unique("away"))],
+        )
+        .with("[tenant.broker]")
+        .with("url = \"amqp://admin:admin@127.0.0.1:1\"")
+        .with("reconnect_initial = \"50ms\"")
+        .with("reconnect_max = \"200ms\""),
+    ];
+    let text = tenants_text(&url, "", &tenants).replacen(
+        "[host]",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[host]",
+        1,
+    );
+    let mut host =
+        TestHost::start_unattached(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    host.next(|e| {
+        matches!(e, Event::MountReady { tenant, .. } if &**tenant == "here").then_some(())
+    })
+    .await?;
+    let mut client = Client::connect(&url).await?;
+    client.publish(&here, TestMessage::new(&here, "x")).await?;
+    assert_eq!(
+        host.handled(&here).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    // It keeps trying, and readiness says who is not up and why.
+    for _ in 0..3 {
+        host.next(|e| {
+            matches!(e, Event::MountDown { tenant, .. } if &**tenant == "away").then_some(())
+        })
+        .await?;
+    }
+    let admin = host.host().admin_address().expect("admin listener");
+    let (status, body) = http_get(admin, "/readyz").await?;
+    assert!(status.contains("503"), "{status}");
+    assert!(
+        body.contains("\"tenant\":\"away\"") && body.contains("refused"),
+        "{body}"
+    );
+    assert!(!body.contains("\"tenant\":\"here\""), "{body}");
+    let (_, metrics) = http_get(admin, "/metrics").await?;
+    assert!(
+        crate::tenants::series(&metrics, "wharf_link_up", "tenant=\"here\"") == 1.0,
+        "{metrics}"
+    );
+    assert!(
+        crate::tenants::series(&metrics, "wharf_link_failures_total", "tenant=\"away\"") >= 3.0
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -65,10 +65,19 @@ async fn a_handler_that_loops_forever_times_out_while_other_mounts_keep_serving(
 /// `tests/guests/wat/handler.wat` with `body` as its core `handle`, written
 /// to a temporary file.
 pub(crate) fn wat_handler(body: &str) -> std::path::PathBuf {
+    wat_handler_with("", body)
+}
+
+/// `tests/guests/wat/handler.wat` with `fields` added to its core module and
+/// `body` as its core `handle`, written to a temporary file.
+pub(crate) fn wat_handler_with(fields: &str, body: &str) -> std::path::PathBuf {
     let template = std::fs::read_to_string(repo_root().join("tests/guests/wat/handler.wat"))
         .expect("handler.wat");
     let path = std::env::temp_dir().join(format!("{}.wat", unique("wat-handler")));
-    std::fs::write(&path, template.replace(";; BODY", body)).expect("temp module");
+    let text = template
+        .replace(";; MODULE", fields)
+        .replace(";; BODY", body);
+    std::fs::write(&path, text).expect("temp module");
     path
 }
 
@@ -164,6 +173,25 @@ async fn a_file_that_is_not_a_component_is_refused_at_load() {
 async fn a_component_without_the_handler_export_is_refused_at_load() {
     let error = load_error(b"(component)").await;
     assert!(error.contains("does not export `handle"), "{error}");
+}
+
+#[tokio::test]
+async fn a_component_with_more_memories_than_the_pool_allows_is_refused_at_load() {
+    let memories = "(memory 1) ".repeat(9);
+    let module = std::fs::read(wat_handler_with(&memories, "")).expect("module");
+    let error = load_error(&module).await;
+    assert!(error.contains("memories") && error.contains("10"), "{error}");
+}
+
+#[tokio::test]
+async fn a_module_whose_start_up_traps_is_refused_at_load() {
+    let module = std::fs::read(wat_handler_with(
+        "(start $boom) (func $boom unreachable)",
+        "",
+    ))
+    .expect("module");
+    let error = load_error(&module).await;
+    assert!(error.contains("does not start"), "{error}");
 }
 
 #[tokio::test]

@@ -249,3 +249,123 @@ async fn a_module_that_does_not_load_leaves_the_old_one_serving() -> anyhow::Res
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_changed_mount_that_cannot_attach_leaves_the_old_one_serving() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    let queue = unique("reload-unreachable");
+    let tenant = |broker_url: &str| {
+        TenantToml::new("t", vec![MountToml::new("main", "fixture_script", &queue)])
+            .with("[tenant.broker]")
+            .with(&format!("url = \"{broker_url}\""))
+            .with("connect_timeout = \"1s\"")
+    };
+    files.replace(
+        "wharf.toml",
+        tenants_text(&url, "", &[tenant(&url)]).as_bytes(),
+    )?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    // The tenant moves to a broker nobody listens on.
+    let nowhere = "amqp://admin:admin@127.0.0.1:1";
+    files.replace(
+        "wharf.toml",
+        tenants_text(&url, "", &[tenant(nowhere)]).as_bytes(),
+    )?;
+    let change = config_change(&mut host).await?;
+    let error = change.error.expect("the reload failed");
+    assert!(
+        error.contains("t/main") && error.contains("keeps serving"),
+        "{error}"
+    );
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&queue, TestMessage::new(&queue, "x"))
+        .await?;
+    assert_eq!(
+        host.handled(&queue).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_new_module_whose_start_up_traps_is_refused_and_the_old_one_serves() -> anyhow::Result<()>
+{
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    files.replace("handler.wasm", &std::fs::read(guest("fixture_script"))?)?;
+    let queue = unique("reload-trap");
+    let module = files.path("handler.wasm");
+    files.replace("wharf.toml", config(&url, &module, &queue, None).as_bytes())?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    let trapping = crate::limits::wat_handler_with("(start $boom) (func $boom unreachable)", "");
+    files.replace("handler.wasm", &std::fs::read(trapping)?)?;
+    let error = host
+        .next(|e| match e {
+            Event::ModuleReloaded { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .await?
+        .expect("the trapping module is refused");
+    assert!(error.contains("does not start"), "{error}");
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&queue, TestMessage::new(&queue, "x"))
+        .await?;
+    assert_eq!(
+        host.handled(&queue).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn files_behind_a_swapped_symlink_reload_as_kubernetes_swaps_them() -> anyhow::Result<()> {
+    use std::os::unix::fs::symlink;
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    let queue = unique("reload-symlink");
+    let extra = unique("reload-symlink-extra");
+    let fixture = std::fs::read(guest("fixture_script"))?;
+    // A ConfigMap volume: the files are links into `..data`, itself a link
+    // to the current version's folder.
+    let version = |name: &str, tag: &str, extra: Option<&str>| -> anyhow::Result<()> {
+        let folder = files.path(name);
+        std::fs::create_dir_all(&folder)?;
+        std::fs::write(folder.join("handler.wasm"), tagged(&fixture, tag))?;
+        let text = config(&url, &files.path("handler.wasm"), &queue, extra);
+        std::fs::write(folder.join("wharf.toml"), text)?;
+        Ok(())
+    };
+    version("..v1", "v1", None)?;
+    symlink("..v1", files.path("..data"))?;
+    symlink("..data/handler.wasm", files.path("handler.wasm"))?;
+    symlink("..data/wharf.toml", files.path("wharf.toml"))?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    version("..v2", "v2", Some(&extra))?;
+    symlink("..v2", files.path("..data_tmp"))?;
+    std::fs::rename(files.path("..data_tmp"), files.path("..data"))?;
+    let change = config_reloaded(&mut host).await?;
+    assert_eq!(change.added, ["t/extra"], "{change:?}");
+    let swapped = host
+        .next(|e| match e {
+            Event::ModuleReloaded { error, version, .. } => Some((error.clone(), version.clone())),
+            _ => None,
+        })
+        .await?;
+    assert_eq!(swapped.0, None, "the new module loads");
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&queue, TestMessage::new(&queue, "x"))
+        .await?;
+    let handled = host.handled(&queue).await?;
+    assert_eq!(handled.module_version, swapped.1, "the new version serves");
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -222,15 +222,8 @@ impl TestHost {
 
     /// Starts a host on `config` and waits until every mount is attached.
     pub async fn start_config(config: Config) -> anyhow::Result<TestHost> {
-        init_logging();
         let mounts = config.mounts().count();
-        let host = Host::load(config).await?;
-        let events = host.subscribe();
-        let mut host = TestHost {
-            host: Some(host.start().await?),
-            events,
-            backlog: Vec::new(),
-        };
+        let mut host = TestHost::start_unattached(config).await?;
         let mut ready = Vec::new();
         for _ in 0..mounts {
             ready.push(
@@ -241,6 +234,18 @@ impl TestHost {
         // Kept for tests that look at what the broker offered.
         host.backlog.extend(ready);
         Ok(host)
+    }
+
+    /// Starts a host on `config` without waiting for any mount to attach.
+    pub async fn start_unattached(config: Config) -> anyhow::Result<TestHost> {
+        init_logging();
+        let host = Host::load(config).await?;
+        let events = host.subscribe();
+        Ok(TestHost {
+            host: Some(host.start().await?),
+            events,
+            backlog: Vec::new(),
+        })
     }
 
     /// The first event (from the backlog, then the stream) that `pick`

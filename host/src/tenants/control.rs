@@ -29,6 +29,9 @@ pub(super) enum Command {
     Shutdown,
 }
 
+/// How often the broker pools' state goes into the metrics.
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Numbers each attach of a mount, so old and new links of a replaced
 /// mount never share a name.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -122,8 +125,10 @@ impl Control {
     /// Serves commands and file changes until shutdown, then drains every
     /// mount.
     pub(super) async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let mut report = tokio::time::interval(REPORT_EVERY);
         loop {
             tokio::select! {
+                _ = report.tick() => self.report_brokers(),
                 command = commands.recv() => match command {
                     Some(Command::Reload(done)) => {
                         let change = self.reload().await;
@@ -142,6 +147,18 @@ impl Control {
         }
         self.health.set_serving(false);
         self.stop_all().await;
+    }
+
+    /// Copies what the broker pools know into the metrics.
+    fn report_brokers(&self) {
+        let status = self.default_pool.status();
+        self.metrics.broker("default", status.connections, status.lost);
+        for (name, state) in &self.tenants {
+            if state.placement.broker.is_some() {
+                let status = state.pool.status();
+                self.metrics.broker(name, status.connections, status.lost);
+            }
+        }
     }
 
     /// The tenant's state, made on first use.

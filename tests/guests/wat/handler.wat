@@ -1,9 +1,11 @@
 ;; A handler component with the world's types, written by hand so a test can
 ;; make `handle` do what no toolchain would emit. The tests replace the
-;; body of the core `handle` function (marked BODY) before loading it.
+;; body of the core `handle` function (marked BODY), and may add fields to
+;; the core module (marked MODULE), before loading it.
 (component
   (core module $m
     (memory (export "memory") 1)
+    ;; MODULE
     (global $next (mut i32) (i32.const 1024))
     ;; A bump allocator: enough for one delivery.
     (func (export "realloc") (param i32 i32 i32 i32) (result i32)
