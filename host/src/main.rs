@@ -154,11 +154,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let loaded = Config::load(&config)?;
             let mounts = loaded.mounts().count();
             let tenants = loaded.tenants.len();
+            let paths: Vec<String> = loaded.mounts().map(|(t, m)| paths(t, m)).collect();
             Host::load(loaded).await?;
             println!(
-                "{}: ok ({tenants} tenant(s), {mounts} mount(s), every module is a valid handler)",
+                "{}: ok ({tenants} tenant(s), {mounts} mount(s), every module is a valid handler and starts)",
                 config.display()
             );
+            for line in paths {
+                println!("  {line}");
+            }
             Ok(())
         }
         Command::Send {
@@ -230,6 +234,28 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot write `{}`", output.display()))
         }
     }
+}
+
+/// How a mount's retries and delays will be carried out, as `wharf check`
+/// says it: what the config fixes, or how it is decided at attach.
+fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String {
+    use wharf::config::{DelayChoice, RetryChoice};
+    let retry = match mount.retry {
+        Some(RetryChoice::Modified) => "`modified`",
+        Some(RetryChoice::Copy) => "copies",
+        None => {
+            "`modified` where the broker takes it and counts redeliveries, else copies (seen at attach)"
+        }
+    };
+    let delay = match mount.delay {
+        Some(DelayChoice::Scheduled) => "copies scheduled on the broker",
+        Some(DelayChoice::Held) => "held by the host, the original unsettled",
+        None => "scheduled where the broker offers DELAYED_DELIVERY, else held (seen at attach)",
+    };
+    format!(
+        "{}/{}: {} on `{}`; retry: {retry}; retry-after: {delay}",
+        tenant.name, mount.name, mount.settle, mount.address
+    )
 }
 
 /// Time to close connections beyond the shutdown grace period.

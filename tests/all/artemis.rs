@@ -507,3 +507,27 @@ async fn node_queue_asks_the_broker_for_a_queue() -> anyhow::Result<()> {
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn retry_after_may_accept_the_original_so_nothing_reaches_the_dlq() -> anyhow::Result<()> {
+    let q = unique("after-accepted");
+    let (mut host, mut client) = setup(&q, &["retry_after_original = \"accepted\""]).await?;
+    client
+        .publish(
+            &q,
+            TestMessage::new(&q, "x")
+                .header(0)
+                .script("1:after=500 *:ack"),
+        )
+        .await?;
+    let [first, copy] = <[_; 2]>::try_from(host.handled_n(&q, 2).await?).expect("two");
+    assert_eq!(first.disposition, Some(Disposition::Accepted));
+    assert_eq!(copy.attempt, 2);
+    assert_eq!(copy.disposition, Some(Disposition::Accepted));
+    // With the contract's `rejected`, Artemis' dead-letter policy would
+    // hold the original too.
+    assert_eq!(client.artemis_count(&format!("DLQ.{q}")).await?, 0);
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

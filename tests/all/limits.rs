@@ -180,7 +180,10 @@ async fn a_component_with_more_memories_than_the_pool_allows_is_refused_at_load(
     let memories = "(memory 1) ".repeat(9);
     let module = std::fs::read(wat_handler_with(&memories, "")).expect("module");
     let error = load_error(&module).await;
-    assert!(error.contains("memories") && error.contains("10"), "{error}");
+    assert!(
+        error.contains("memories") && error.contains("10"),
+        "{error}"
+    );
 }
 
 #[tokio::test]

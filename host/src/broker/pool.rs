@@ -204,10 +204,10 @@ impl PoolTask {
     /// Opens a connection to the next node, unless the last attempt failed
     /// too recently.
     async fn connect(&mut self) -> Result<Live, Arc<BrokerError>> {
-        if let Some((until, error)) = &self.failed_until {
-            if Instant::now() < *until {
-                return Err(error.clone());
-            }
+        if let Some((until, error)) = &self.failed_until
+            && Instant::now() < *until
+        {
+            return Err(error.clone());
         }
         let endpoint = self.endpoints[self.next_endpoint % self.endpoints.len()].clone();
         let mut options = self.options.clone();

@@ -20,7 +20,7 @@ const MODIFIED_OUTCOME: &str = "amqp:modified:list";
 /// running a handler.
 pub enum Received {
     /// A delivery for the handler.
-    Delivery(Inbound),
+    Delivery(Box<Inbound>),
     /// A delivery that is not an AMQP message the host can read; it must be
     /// rejected with `amqp:decode-error`.
     Undecodable {
@@ -119,41 +119,46 @@ impl Subscription {
 
     /// The next delivery. Cancel-safe. An error means the link is gone.
     pub async fn recv(&mut self) -> Result<Received, BrokerError> {
-        match self.receiver.recv::<Body<Value>>().await {
-            Ok(delivery) => {
-                let delivery: Delivery<Body<Value>> = delivery;
-                let (info, message) = delivery.into_parts();
-                Ok(Received::Delivery(Inbound {
-                    info,
-                    message: message.into(),
-                }))
-            }
-            // fe2o3 types application properties as simple values only;
-            // read what it could not.
-            Err(RecvError::MessageDecode(undecoded)) => {
-                Ok(match AmqpMessage::decode(&undecoded.payload) {
-                    Ok(message) => Received::Delivery(Inbound {
-                        info: undecoded.info,
-                        message,
-                    }),
-                    Err(failure) => Received::Undecodable {
-                        info: undecoded.info,
-                        reason: failure.0,
-                    },
-                })
-            }
-            Err(RecvError::MessageSizeExceeded(exceeded)) => Ok(Received::Oversized {
-                size: exceeded.size,
-                max_size: exceeded.max_size,
-            }),
-            Err(e) if e.recovery() == ErrorRecovery::UseLink => {
-                tracing::warn!(address = self.address, error = %e, "receiver: a transfer was refused; the link stays");
-                Box::pin(self.recv()).await
-            }
-            Err(source) => Err(BrokerError::Receive {
-                address: self.address.clone(),
-                source,
-            }),
+        loop {
+            let received = match self.receiver.recv::<Body<Value>>().await {
+                Ok(delivery) => {
+                    let delivery: Delivery<Body<Value>> = delivery;
+                    let (info, message) = delivery.into_parts();
+                    Received::Delivery(Box::new(Inbound {
+                        info,
+                        message: message.into(),
+                    }))
+                }
+                // fe2o3 types application properties as simple values only;
+                // read what it could not.
+                Err(RecvError::MessageDecode(undecoded)) => {
+                    match AmqpMessage::decode(&undecoded.payload) {
+                        Ok(message) => Received::Delivery(Box::new(Inbound {
+                            info: undecoded.info,
+                            message,
+                        })),
+                        Err(failure) => Received::Undecodable {
+                            info: undecoded.info,
+                            reason: failure.0,
+                        },
+                    }
+                }
+                Err(RecvError::MessageSizeExceeded(exceeded)) => Received::Oversized {
+                    size: exceeded.size,
+                    max_size: exceeded.max_size,
+                },
+                Err(e) if e.recovery() == ErrorRecovery::UseLink => {
+                    tracing::warn!(address = self.address, error = %e, "receiver: a transfer was refused; the link stays");
+                    continue;
+                }
+                Err(source) => {
+                    return Err(BrokerError::Receive {
+                        address: self.address.clone(),
+                        source,
+                    });
+                }
+            };
+            return Ok(received);
         }
     }
 

@@ -233,7 +233,7 @@ impl super::bindings::wharf::handler::types::Host for StoreState {}
 
 #[cfg(test)]
 mod tests {
-    use super::escape_controls;
+    use super::*;
 
     #[test]
     fn control_characters_are_escaped() {
@@ -241,6 +241,31 @@ mod tests {
         assert_eq!(
             escape_controls("ok\nlevel=ERROR tenant=other forged\r\u{1b}[2J"),
             "ok\\nlevel=ERROR tenant=other forged\\r\\u{1b}[2J"
+        );
+    }
+
+    #[test]
+    fn the_log_import_keeps_a_delivery_within_its_allowance() {
+        let tags = Arc::new(LogTags {
+            tenant: "t".into(),
+            mount: "m".into(),
+        });
+        let setup = Arc::new(InstanceSetup::new(tags, Grants::default()));
+        let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new());
+        state.begin_call(Instant::now());
+        let line = "x".repeat(1000);
+        for _ in 0..100 {
+            LogHost::log(&mut state, Level::Info, line.clone());
+        }
+        // 65 lines fit the 64 KiB allowance; the other 35 are counted.
+        assert_eq!(setup.take_output_dropped(), 35 * 1000);
+        state.end_call();
+        state.begin_call(Instant::now());
+        LogHost::log(&mut state, Level::Info, line);
+        assert_eq!(
+            setup.take_output_dropped(),
+            0,
+            "the next delivery starts afresh"
         );
     }
 }

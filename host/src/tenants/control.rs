@@ -152,7 +152,8 @@ impl Control {
     /// Copies what the broker pools know into the metrics.
     fn report_brokers(&self) {
         let status = self.default_pool.status();
-        self.metrics.broker("default", status.connections, status.lost);
+        self.metrics
+            .broker("default", status.connections, status.lost);
         for (name, state) in &self.tenants {
             if state.placement.broker.is_some() {
                 let status = state.pool.status();

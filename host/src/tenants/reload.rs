@@ -77,7 +77,10 @@ mod tests {
         Config::parse(text, &dir.join("wharf.toml")).expect("config")
     }
 
-    fn mounts(tenants: &[(&str, &str, &[(&str, &str)])]) -> String {
+    /// A tenant's name, extra TOML lines, and `(mount, address)` pairs.
+    type TenantSpec<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+    fn mounts(tenants: &[TenantSpec<'_>]) -> String {
         let mut text = "[broker]\nurl = \"amqp://127.0.0.1\"\n".to_owned();
         for (tenant, extra, mounts) in tenants {
             text.push_str(&format!("[[tenant]]\nname = \"{tenant}\"\n{extra}\n"));

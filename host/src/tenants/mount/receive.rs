@@ -65,7 +65,7 @@ impl AttachedMount {
                         tasks.spawn(deliver::handle(
                             context.clone(),
                             settler.clone(),
-                            inbound,
+                            *inbound,
                             handler_slot.take(),
                             flush.clone(),
                         ));
