@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::broker::management::QueueKind;
 use crate::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, RetryPath};
 
 /// Where a mount's links stand.
@@ -39,6 +40,8 @@ pub enum Event {
         retry: RetryPath,
         /// Where `retry-after` copies wait on these links.
         delay: DelayPath,
+        /// The kind of queue behind the address, where the broker said.
+        queue: Option<QueueKind>,
     },
     /// The mount's links went down (the connection was lost, the broker
     /// detached a link, an attach failed); it attaches again after a wait.

@@ -7,6 +7,7 @@ mod faults;
 mod languages;
 mod limits;
 mod rabbitmq;
+mod rabbitmq4;
 mod reload;
 mod scale;
 mod shutdown;

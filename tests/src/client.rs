@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::link::RecvError;
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{
@@ -323,12 +324,24 @@ pub struct Watcher {
 impl Watcher {
     /// The next message, and when it arrived.
     pub async fn next(&mut self) -> anyhow::Result<(Instant, AmqpMessage)> {
-        let delivery = tokio::time::timeout(DEADLINE, self.receiver.recv::<Body<Value>>())
+        let received = tokio::time::timeout(DEADLINE, self.receiver.recv::<Body<Value>>())
             .await
-            .context("no message arrived in time")??;
+            .context("no message arrived in time")?;
         let arrived = Instant::now();
-        self.receiver.accept(&delivery).await?;
-        Ok((arrived, delivery.into_message().into()))
+        match received {
+            Ok(delivery) => {
+                self.receiver.accept(&delivery).await?;
+                Ok((arrived, delivery.into_message().into()))
+            }
+            // Application properties fe2o3 cannot type (a broker's
+            // dead-letter history, say): read them as wharf does.
+            Err(RecvError::MessageDecode(undecoded)) => {
+                let message = AmqpMessage::decode(&undecoded.payload)?;
+                self.receiver.accept(undecoded.info).await?;
+                Ok((arrived, message))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The next message whose id is `id`, skipping others.

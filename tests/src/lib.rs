@@ -11,6 +11,7 @@
 pub mod client;
 pub mod process;
 pub mod proxy;
+pub mod rabbitmq4;
 pub mod scenarios;
 
 use std::path::PathBuf;

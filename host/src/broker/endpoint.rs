@@ -84,7 +84,8 @@ impl fmt::Debug for Endpoint {
     }
 }
 
-fn percent_decode(text: &str) -> Option<String> {
+/// `text` with `%XX` escapes decoded; `None` when the result is not UTF-8.
+pub(crate) fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

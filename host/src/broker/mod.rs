@@ -4,6 +4,7 @@
 mod connection;
 mod endpoint;
 mod error;
+pub mod management;
 pub mod message;
 mod pool;
 mod publisher;

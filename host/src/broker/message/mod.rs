@@ -25,6 +25,10 @@ pub use view::{DeliveryContext, to_delivery};
 /// `delivery-count` stays empty (quorum queues).
 const DELIVERY_COUNT_ANNOTATION: &str = "x-delivery-count";
 
+/// The annotation RabbitMQ 4.1+ counts every earlier acquisition of a
+/// message in (redeliveries after a lost link included).
+const ACQUIRED_COUNT_ANNOTATION: &str = "x-acquired-count";
+
 /// The annotation Artemis schedules a message by: milliseconds since the
 /// Unix epoch, as a long.
 pub const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
@@ -47,6 +51,10 @@ pub struct AmqpMessage {
     pub body: Body<Value>,
     /// The footer.
     pub footer: Option<Footer>,
+    /// Annotation and footer sections whose values do not decode (a
+    /// broker's dead-letter history, say), by section code, kept as they
+    /// arrived so they travel on unchanged.
+    pub unread: Vec<(u64, bytes::Bytes)>,
 }
 
 impl From<Message<Body<Value>>> for AmqpMessage {
@@ -63,6 +71,7 @@ impl From<Message<Body<Value>>> for AmqpMessage {
             }),
             body: message.body,
             footer: message.footer,
+            unread: Vec::new(),
         }
     }
 }
@@ -99,13 +108,16 @@ impl AmqpMessage {
 
     /// The broker's redelivery count and the host's retry count.
     pub fn counters(&self) -> Counters {
-        let annotated = self
-            .message_annotations
-            .as_ref()
-            .and_then(|a| {
-                a.0.get(&OwnedKey::Symbol(Symbol::from(DELIVERY_COUNT_ANNOTATION)))
-            })
-            .and_then(as_u32);
+        let annotation = |key: &str| {
+            self.message_annotations
+                .as_ref()?
+                .0
+                .get(&OwnedKey::Symbol(Symbol::from(key)))
+                .and_then(as_u32)
+        };
+        // Quorum queues count failed deliveries, and (4.1+) every acquisition.
+        let annotated =
+            annotation(DELIVERY_COUNT_ANNOTATION).max(annotation(ACQUIRED_COUNT_ANNOTATION));
         let delivery_count = match (&self.header, annotated) {
             (Some(header), Some(annotated)) => Some(header.delivery_count.max(annotated)),
             (Some(header), None) => Some(header.delivery_count),
@@ -128,7 +140,16 @@ impl AmqpMessage {
         properties.retain(|(key, _)| key != RETRY_COUNT_PROPERTY);
         properties.push((RETRY_COUNT_PROPERTY.to_owned(), Value::Uint(retry_count)));
         let mut annotations = self.message_annotations.clone();
+        // Unreadable annotations travel on, unless the copy needs a
+        // delivery time among them.
+        let mut unread: Vec<(u64, bytes::Bytes)> = self
+            .unread
+            .iter()
+            .filter(|(code, _)| *code == sections::MESSAGE_ANNOTATIONS && due.is_none())
+            .cloned()
+            .collect();
         if let Some(due) = due {
+            unread.clear();
             let millis = due
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or(Duration::ZERO)
@@ -155,6 +176,7 @@ impl AmqpMessage {
             application_properties: Some(properties),
             body: self.body.clone(),
             footer: None,
+            unread,
         }
     }
 }

@@ -23,7 +23,7 @@ pub struct DecodeFailure(pub String);
 
 const HEADER: u64 = 0x70;
 const DELIVERY_ANNOTATIONS: u64 = 0x71;
-const MESSAGE_ANNOTATIONS: u64 = 0x72;
+pub(super) const MESSAGE_ANNOTATIONS: u64 = 0x72;
 const PROPERTIES: u64 = 0x73;
 const APPLICATION_PROPERTIES: u64 = 0x74;
 const DATA: u64 = 0x75;
@@ -53,6 +53,7 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
         application_properties: None,
         body: Body::Empty,
         footer: None,
+        unread: Vec::new(),
     };
     let mut data = Vec::new();
     let mut sequences = Vec::new();
@@ -73,18 +74,14 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
             HEADER => {
                 message.header = Some(typed_section::<Header>(bytes).map_err(typed("header"))?)
             }
-            DELIVERY_ANNOTATIONS => {
-                message.delivery_annotations = Some(
-                    typed_section::<DeliveryAnnotations>(bytes)
-                        .map_err(typed("delivery annotations"))?,
-                );
-            }
-            MESSAGE_ANNOTATIONS => {
-                message.message_annotations = Some(
-                    typed_section::<MessageAnnotations>(bytes)
-                        .map_err(typed("message annotations"))?,
-                );
-            }
+            DELIVERY_ANNOTATIONS => match typed_section::<DeliveryAnnotations>(bytes) {
+                Ok(annotations) => message.delivery_annotations = Some(annotations),
+                Err(_) => message.unread.push((code, section.as_bytes().clone())),
+            },
+            MESSAGE_ANNOTATIONS => match typed_section::<MessageAnnotations>(bytes) {
+                Ok(annotations) => message.message_annotations = Some(annotations),
+                Err(_) => message.unread.push((code, section.as_bytes().clone())),
+            },
             PROPERTIES => {
                 message.properties =
                     Some(typed_section::<Properties>(bytes).map_err(typed("properties"))?);
@@ -100,9 +97,10 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
                     typed_section::<AmqpValue<Value>>(bytes).map_err(typed("amqp-value"))?,
                 );
             }
-            FOOTER => {
-                message.footer = Some(typed_section::<Footer>(bytes).map_err(typed("footer"))?);
-            }
+            FOOTER => match typed_section::<Footer>(bytes) {
+                Ok(footer) => message.footer = Some(footer),
+                Err(_) => message.unread.push((code, section.as_bytes().clone())),
+            },
             other => {
                 return Err(DecodeFailure(format!(
                     "section {index} has the unknown descriptor {other:#x}"
@@ -132,18 +130,30 @@ fn typed_section<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, serd
 }
 
 /// The descriptor code of a described section (its symbolic name mapped
-/// to the code).
+/// to the code), read from its first bytes.
 fn section_code(bytes: &[u8]) -> Option<u64> {
-    match serde_amqp::from_slice::<Value>(bytes).ok()? {
-        Value::Described(described) => match described.descriptor {
-            Descriptor::Code(code) => Some(code),
-            Descriptor::Name(name) => NAMES
-                .iter()
-                .find(|(known, _)| *known == name.0)
-                .map(|(_, code)| *code),
-        },
-        _ => None,
+    let (&described, rest) = bytes.split_first()?;
+    if described != 0x00 {
+        return None;
     }
+    let (&constructor, rest) = rest.split_first()?;
+    let name = match constructor {
+        // smallulong, ulong0, ulong
+        0x53 => return rest.first().map(|code| u64::from(*code)),
+        0x44 => return Some(0),
+        0x80 => return Some(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?)),
+        // sym8, sym32
+        0xa3 => rest.get(1..1 + usize::from(*rest.first()?))?,
+        0xb3 => {
+            let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
+            rest.get(4..4 + usize::try_from(len).ok()?)?
+        }
+        _ => return None,
+    };
+    NAMES
+        .iter()
+        .find(|(known, _)| known.as_bytes() == name)
+        .map(|(_, code)| *code)
 }
 
 /// Application properties of any type; keys must be strings (or symbols).
@@ -173,23 +183,31 @@ fn application_properties(
 }
 
 pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
-    let mut out = Vec::new();
-    let mut put = |encoded: Result<Vec<u8>, serde_amqp::Error>| {
-        encoded
-            .map(|bytes| out.extend_from_slice(&bytes))
-            .map_err(|e| DecodeFailure(format!("cannot encode the message: {e}")))
+    fn put(out: &mut Vec<u8>, section: &impl serde::Serialize) -> Result<(), DecodeFailure> {
+        let bytes = serde_amqp::to_vec(section)
+            .map_err(|e| DecodeFailure(format!("cannot encode the message: {e}")))?;
+        out.extend_from_slice(&bytes);
+        Ok(())
+    }
+    let put_unread = |out: &mut Vec<u8>, code: u64| {
+        for (_, bytes) in message.unread.iter().filter(|(c, _)| *c == code) {
+            out.extend_from_slice(bytes);
+        }
     };
+    let mut out = Vec::new();
     if let Some(header) = &message.header {
-        put(serde_amqp::to_vec(header))?;
+        put(&mut out, header)?;
     }
     if let Some(annotations) = &message.delivery_annotations {
-        put(serde_amqp::to_vec(annotations))?;
+        put(&mut out, annotations)?;
     }
+    put_unread(&mut out, DELIVERY_ANNOTATIONS);
     if let Some(annotations) = &message.message_annotations {
-        put(serde_amqp::to_vec(annotations))?;
+        put(&mut out, annotations)?;
     }
+    put_unread(&mut out, MESSAGE_ANNOTATIONS);
     if let Some(properties) = &message.properties {
-        put(serde_amqp::to_vec(properties))?;
+        put(&mut out, properties)?;
     }
     if let Some(application_properties) = &message.application_properties {
         let map: OrderedMap<Value, Value> = application_properties
@@ -200,11 +218,12 @@ pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
             descriptor: Descriptor::Code(APPLICATION_PROPERTIES),
             value: Value::Map(map),
         };
-        put(serde_amqp::to_vec(&section))?;
+        put(&mut out, &section)?;
     }
-    put(serde_amqp::to_vec(&message.body))?;
+    put(&mut out, &message.body)?;
     if let Some(footer) = &message.footer {
-        put(serde_amqp::to_vec(footer))?;
+        put(&mut out, footer)?;
     }
+    put_unread(&mut out, FOOTER);
     Ok(Bytes::from(out))
 }

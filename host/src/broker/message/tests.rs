@@ -233,3 +233,25 @@ fn simple_property_values_convert() {
         .into();
     assert_eq!(typed.property("n"), Some(&Value::Uint(3)));
 }
+
+#[test]
+fn annotations_that_do_not_decode_travel_on_as_they_arrived() {
+    // Message annotation keys must be symbols or ulongs; an int key is not.
+    let mut odd = OrderedMap::new();
+    odd.insert(Value::Int(1), Value::String("x".into()));
+    let annotations = serde_amqp::described::Described {
+        descriptor: serde_amqp::descriptor::Descriptor::Code(0x72),
+        value: Value::Map(odd),
+    };
+    let mut bytes = serde_amqp::to_vec(&annotations).expect("encode");
+    bytes.extend(serde_amqp::to_vec(&AmqpValue(Value::String("body".into()))).expect("encode"));
+    let message = AmqpMessage::decode(&bytes).expect("the rest still decodes");
+    assert_eq!(message.unread.len(), 1);
+    assert_eq!(message.encode().expect("encode").as_ref(), bytes.as_slice());
+    assert_eq!(to_delivery(&message, context()).body, b"body");
+    // A scheduled copy cannot add its time to them: it carries only that.
+    let due = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+    let copy = message.copy(1, Some(due));
+    assert!(copy.unread.is_empty());
+    assert!(copy.message_annotations.is_some());
+}

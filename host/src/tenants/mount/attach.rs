@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::MountSpec;
+use crate::broker::management::{QueueInfo, QueueKind};
 use crate::broker::{
     AttachFailure, BrokerError, CLOSE_TIMEOUT, Offered, PooledSession, Publisher, PublisherTask,
     ReceiverOptions, SenderTarget, Subscription,
@@ -16,11 +17,33 @@ use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
 /// Everything a mount's delivery tasks share while its links are up.
 pub(crate) struct MountContext {
     pub(crate) spec: Arc<MountSpec>,
-    pub(crate) policy: Policy,
+    policy: Policy,
     pub(crate) publisher: Publisher,
     /// Whether an at-most-once outcome that cannot act has been logged at
     /// warn level yet; later ones go to debug.
     pub(crate) unsupported_warned: AtomicBool,
+}
+
+impl MountContext {
+    /// The settlement policy for the next plan.
+    pub(crate) fn policy(&self) -> Policy {
+        let mut policy = self.policy;
+        if self.spec.counts_by_copy() {
+            policy.retry = RetryPath::Copy;
+        }
+        policy
+    }
+}
+
+/// A mount's links, attached, before it is known how to use them.
+pub(crate) struct Links {
+    spec: Arc<MountSpec>,
+    subscription: Subscription,
+    publisher: Publisher,
+    publisher_task: PublisherTask,
+    session: PooledSession,
+    modified_supported: bool,
+    offered: Offered,
 }
 
 /// A mount whose links are attached, ready to run.
@@ -32,14 +55,14 @@ pub(crate) struct AttachedMount {
     pub(super) session: PooledSession,
 }
 
-impl AttachedMount {
+impl Links {
     /// Attaches the mount's receiver, and senders for its own address and
     /// its dead-letter address, all on `session`, within the broker's
     /// attach time-out.
     pub(crate) async fn attach(
         spec: Arc<MountSpec>,
         mut session: PooledSession,
-    ) -> Result<AttachedMount, BrokerError> {
+    ) -> Result<Links, BrokerError> {
         let timeout = spec.broker.attach_timeout;
         let mount = &spec.config;
         let timed_out = || BrokerError::Attach {
@@ -99,23 +122,50 @@ impl AttachedMount {
         let offered = Offered {
             delayed_delivery: offered.delayed_delivery || session.offers.delayed_delivery,
         };
-        let policy = policy(&spec, subscription.modified_supported(), offered);
+        Ok(Links {
+            modified_supported: subscription.modified_supported(),
+            spec,
+            subscription,
+            publisher,
+            publisher_task,
+            session,
+            offered,
+        })
+    }
+
+    /// The mount, ready to run on these links, its retries and delays
+    /// chosen from what the broker offered and what `queue` is.
+    pub(crate) fn on_queue(self, queue: Option<QueueInfo>) -> AttachedMount {
+        let Links {
+            spec,
+            subscription,
+            publisher,
+            publisher_task,
+            session,
+            modified_supported,
+            offered,
+        } = self;
+        let mount = &spec.config;
+        let policy = policy(&spec, modified_supported, offered, queue.as_ref());
         tracing::info!(
             tenant = &*spec.tags.tenant,
             mount = &*spec.tags.mount,
             address = mount.address,
             broker = %session.endpoint,
+            queue = queue.as_ref().map(|q| format!("{:?}", q.kind)),
             settle = %mount.settle,
             retry_path = ?policy.retry,
             delay_path = ?policy.delay,
             "mount attached"
         );
+        warn_of_delivery_limit(&spec, queue.as_ref());
         let _ = spec.events.send(Event::MountReady {
             tenant: spec.tags.tenant.clone(),
             mount: spec.tags.mount.clone(),
             modified_supported: policy.modified_supported,
             retry: policy.retry,
             delay: policy.delay,
+            queue: queue.map(|q| q.kind),
         });
         let context = MountContext {
             spec,
@@ -123,23 +173,34 @@ impl AttachedMount {
             publisher,
             unsupported_warned: AtomicBool::new(false),
         };
-        Ok(AttachedMount {
+        AttachedMount {
             context: Arc::new(context),
             subscription,
             publisher_task,
             session,
-        })
+        }
     }
 }
 
 /// The settlement policy of a mount on links where the broker offered what
-/// `modified_supported` and `offered` say; the mount's config overrides.
-fn policy(spec: &MountSpec, modified_supported: bool, offered: Offered) -> Policy {
+/// `modified_supported` and `offered` say, on `queue` where the broker said
+/// what it is; the mount's config overrides.
+fn policy(
+    spec: &MountSpec,
+    modified_supported: bool,
+    offered: Offered,
+    queue: Option<&QueueInfo>,
+) -> Policy {
     let mount = &spec.config;
+    // Only a queue that counts redeliveries can carry attempts in
+    // `modified`; classic queues and streams cannot.
+    let counts = queue.is_none_or(|q| matches!(q.kind, QueueKind::Quorum { .. }));
     let retry = match (mount.retry, modified_supported) {
         (_, false) => RetryPath::Copy,
         (Some(RetryChoice::Copy), true) => RetryPath::Copy,
-        (Some(RetryChoice::Modified) | None, true) => RetryPath::Modified,
+        (Some(RetryChoice::Modified), true) => RetryPath::Modified,
+        (None, true) if counts => RetryPath::Modified,
+        (None, true) => RetryPath::Copy,
     };
     if mount.retry == Some(RetryChoice::Modified) && !modified_supported {
         tracing::warn!(
@@ -176,3 +237,34 @@ fn policy(spec: &MountSpec, modified_supported: bool, offered: Offered) -> Polic
         },
     }
 }
+
+/// A quorum queue dead-letters on its own once a message was delivered
+/// `delivery-limit` times: a higher `max_attempts` is never reached.
+fn warn_of_delivery_limit(spec: &MountSpec, queue: Option<&QueueInfo>) {
+    let Some(QueueInfo {
+        name,
+        kind: QueueKind::Quorum { delivery_limit },
+        ..
+    }) = queue
+    else {
+        return;
+    };
+    let limit = delivery_limit.unwrap_or(QUORUM_DEFAULT_DELIVERY_LIMIT);
+    if let Some(max_attempts) = spec.config.max_attempts
+        && u64::from(max_attempts) > limit
+    {
+        let tags = &spec.tags;
+        tracing::warn!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            queue = name,
+            max_attempts,
+            delivery_limit = limit,
+            "the quorum queue's delivery-limit dead-letters a message before max_attempts is reached"
+        );
+    }
+}
+
+/// RabbitMQ's default `delivery-limit` of quorum queues since 4.0 (a
+/// policy may set another, which the management node does not show).
+const QUORUM_DEFAULT_DELIVERY_LIMIT: u64 = 20;

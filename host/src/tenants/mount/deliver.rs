@@ -17,7 +17,7 @@ use crate::config::Settle;
 use crate::events::{Event, Handled};
 use crate::sandbox::MemoryHeld;
 use crate::sandbox::Reserved;
-use crate::settlement::{self, HandlerResult, Outcome, Publish};
+use crate::settlement::{self, Disposition, HandlerResult, Outcome, Publish};
 
 /// Runs the handler on one delivery and carries out the plan for its
 /// outcome. `handler_slot`, one of the mount's `concurrency`, is given
@@ -73,7 +73,8 @@ pub(super) async fn handle(
                 "retry-after delay shortened to the mount's max_retry_delay"
             );
         }
-        let plan = settlement::plan(&context.policy, &counters, outcome);
+        spec.note_attempt(message_id.as_deref(), &counters);
+        let plan = settlement::plan(&context.policy(), &counters, outcome);
         if plan.unsupported() {
             log_unsupported(&context, outcome);
         }
@@ -81,6 +82,9 @@ pub(super) async fn handle(
             admission.release_running();
         }
         let settled = settle::carry_out(&context, &settler, info, &message, plan, &flush).await;
+        if settled.disposition == Some(Disposition::Modified) {
+            spec.note_modified(message_id.as_deref(), attempt);
+        }
         spec.metrics.handled(outcome, settled.disposition, took);
         match &settled.error {
             Some(error) => {

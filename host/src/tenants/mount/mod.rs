@@ -13,6 +13,8 @@ mod deliver;
 mod receive;
 mod settle;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -23,11 +25,14 @@ use super::budget::TenantLimits;
 use super::supervisor::{self, State, Supervised};
 use crate::admin::{Health, MountMetrics};
 use crate::backoff::{Backoff, BackoffPolicy};
-use crate::broker::{BrokerError, BrokerPool};
+use crate::broker::management::{self, QueueInfo, QueueKind};
+use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
 use crate::config::{Broker, Mount};
 use crate::events::Event;
 use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module};
+use crate::settlement::Counters;
 pub(crate) use attach::AttachedMount;
+use attach::Links;
 
 /// The module a mount runs, swapped whole when its file changes: deliveries
 /// already running finish on the instances they started with.
@@ -100,6 +105,32 @@ pub(crate) struct MountSpec {
     pub(crate) grace: Duration,
     /// Tells this attach of the mount from earlier ones, in link names.
     pub(crate) generation: u64,
+    /// The queue behind the address, once asked: `Some(None)` when the
+    /// broker has no such queue.
+    queue: Mutex<Option<Option<QueueInfo>>>,
+    /// Set once the broker was caught handing `modified` deliveries back
+    /// uncounted: from then on retries are copies, across reattaches.
+    count_by_copy: AtomicBool,
+    /// Deliveries settled `modified`, by message id, with the attempt they
+    /// were on and how often in a row they came back on it.
+    returned: Mutex<HashMap<String, (u32, u32)>>,
+}
+
+/// How often in a row a delivery may come back on the same attempt before
+/// the mount stops trusting the broker's count.
+const UNCOUNTED_RETURNS: u32 = 3;
+
+/// Deliveries remembered for the uncounted-return check; older ones are
+/// forgotten.
+const RETURNS_REMEMBERED: usize = 10_000;
+
+/// RabbitMQ 4 and later, which can say what kind of queue an address is.
+fn is_rabbitmq_4(offers: &BrokerOffers) -> bool {
+    let major = offers
+        .version
+        .as_deref()
+        .and_then(|v| v.split('.').next()?.parse::<u32>().ok());
+    offers.product.as_deref() == Some("RabbitMQ") && major.is_some_and(|major| major >= 4)
 }
 
 impl MountSpec {
@@ -132,7 +163,57 @@ impl MountSpec {
             metrics,
             grace,
             generation,
+            queue: Mutex::new(None),
+            count_by_copy: AtomicBool::new(false),
+            returned: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether retries are copies because the broker counts nothing.
+    pub(crate) fn counts_by_copy(&self) -> bool {
+        self.count_by_copy.load(Ordering::Relaxed)
+    }
+
+    /// Notes a delivery about to be planned: one that comes back on the
+    /// attempt it was settled `modified` on, again and again, shows a
+    /// broker that counts nothing, and switches the mount to copies.
+    pub(crate) fn note_attempt(&self, message_id: Option<&str>, counters: &Counters) {
+        let Some(id) = message_id else { return };
+        if counters.is_copy() || self.counts_by_copy() {
+            return;
+        }
+        let attempt = counters.attempt();
+        let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((last, times)) = returned.get_mut(id) else {
+            return;
+        };
+        if *last != attempt {
+            returned.remove(id);
+            return;
+        }
+        *times += 1;
+        if *times >= UNCOUNTED_RETURNS {
+            returned.clear();
+            self.count_by_copy.store(true, Ordering::Relaxed);
+            let tags = &self.tags;
+            tracing::warn!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                message_id = id,
+                attempt,
+                "the broker hands `modified` deliveries back without counting them; retries are copies from now on"
+            );
+        }
+    }
+
+    /// Remembers a delivery settled `modified` on `attempt`.
+    pub(crate) fn note_modified(&self, message_id: Option<&str>, attempt: u32) {
+        let Some(id) = message_id else { return };
+        let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
+        if returned.len() >= RETURNS_REMEMBERED {
+            returned.clear();
+        }
+        returned.entry(id.to_owned()).or_insert((attempt, 0)).0 = attempt;
     }
 
     /// The pause after a failed copy or dead-letter publish.
@@ -157,9 +238,65 @@ impl MountSpec {
         pool: &BrokerPool,
     ) -> Result<AttachedMount, Arc<BrokerError>> {
         let session = pool.session().await?;
-        AttachedMount::attach(self.clone(), session)
+        let offers = session.offers.clone();
+        let links = Links::attach(self.clone(), session)
             .await
-            .map_err(Arc::new)
+            .map_err(Arc::new)?;
+        // Asked once the receiver is attached: a v1 address declares its
+        // queue on attach.
+        let queue = self.queue(pool, &offers).await;
+        Ok(links.on_queue(queue))
+    }
+
+    /// What kind of queue the mount consumes from, where the broker can
+    /// say (RabbitMQ 4's management node) and the config leaves the retry
+    /// path open; asked once per mount.
+    async fn queue(&self, pool: &BrokerPool, offers: &BrokerOffers) -> Option<QueueInfo> {
+        if self.config.retry.is_some() || !is_rabbitmq_4(offers) {
+            return None;
+        }
+        if let Some(known) = self.queue.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return known;
+        }
+        let queue = management::queue_of(&self.config.address)?;
+        let tags = &self.tags;
+        let asked = match pool.session().await {
+            Ok(session) => {
+                management::queue_info(session, &queue, self.broker.attach_timeout).await
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let known = match asked {
+            Ok(Some(info)) => Some(info),
+            Ok(None) => {
+                tracing::warn!(
+                    tenant = &*tags.tenant,
+                    mount = &*tags.mount,
+                    queue,
+                    "the broker knows no such queue; retries are copies"
+                );
+                Some(QueueInfo {
+                    name: queue,
+                    kind: QueueKind::Other("missing".to_owned()),
+                    dead_letter_exchange: None,
+                })
+            }
+            Err(error) => {
+                tracing::warn!(
+                    tenant = &*tags.tenant,
+                    mount = &*tags.mount,
+                    queue,
+                    "cannot ask the broker what kind of queue this is ({error}); retries are copies"
+                );
+                Some(QueueInfo {
+                    name: queue,
+                    kind: QueueKind::Other("unknown".to_owned()),
+                    dead_letter_exchange: None,
+                })
+            }
+        };
+        *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = Some(known.clone());
+        known
     }
 }
 

@@ -488,7 +488,8 @@ impl endpoint::Session for ListenerSession {
     }
 
     async fn on_incoming_attach(&mut self, attach: Attach) -> Result<(), Self::Error> {
-        match self.session.link_by_name.get_mut(&attach.name) {
+        let key = crate::session::link_key(&attach.name, crate::session::local_role(&attach.role));
+        match self.session.link_by_name.get_mut(&key) {
             Some(link) => match link.take() {
                 Some(mut relay) => {
                     // Only Sender need to update the receiver settle mode

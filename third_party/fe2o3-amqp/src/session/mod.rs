@@ -651,51 +651,8 @@ impl endpoint::Session for Session {
         link_name: String,
         link_relay: Option<LinkRelay<()>>, // TODO: why is this `Option`?
     ) -> Result<OutputHandle, Self::AllocError> {
-        match &self.local_state {
-            SessionState::Mapped => {}
-            _ => {
-                return Err(match self.session_stop_reason.get() {
-                    // The session (or its connection) stopped; the reason is
-                    // recorded before the session becomes Unmapped
-                    Some(reason) => AllocLinkError::SessionStopped(reason.clone()),
-                    None => match &self.local_state {
-                        // The session is ending while the engine still runs; the
-                        // stop reason is only recorded at engine exit, so `Ended`
-                        // is accurate here (defensive fallback)
-                        SessionState::EndSent
-                        | SessionState::EndReceived
-                        | SessionState::Discarding => {
-                            #[cfg(feature = "tracing")]
-                            tracing::warn!(
-                                "allocate_link: session stop reason not recorded; reporting SessionStopped(Ended)"
-                            );
-                            #[cfg(feature = "log")]
-                            log::warn!(
-                                "allocate_link: session stop reason not recorded; reporting SessionStopped(Ended)"
-                            );
-                            AllocLinkError::SessionStopped(SessionStopReason::Ended)
-                        }
-                        // Not begun yet (or fully ended without a recorded stop):
-                        // the session exists but is not mapped
-                        _ => AllocLinkError::SessionNotMapped,
-                    },
-                });
-            }
-        };
-
-        // check whether link name is duplciated
-        if self.link_by_name.contains_key(&link_name) {
-            return Err(AllocLinkError::DuplicatedLinkName);
-        }
-
-        // get a new entry index
-        let entry = self.link_name_by_output_handle.vacant_entry();
-        let handle = OutputHandle(entry.key() as u32);
-
-        entry.insert(link_name.clone());
-        let value = link_relay.map(|val| val.with_output_handle(handle.clone()));
-        self.link_by_name.insert(link_name, value);
-        Ok(handle)
+        let role = link_relay.as_ref().map_or(Role::Receiver, relay_role);
+        self.allocate_keyed_link(link_key(&link_name, role), link_relay)
     }
 
     fn allocate_incoming_link(
@@ -704,7 +661,8 @@ impl endpoint::Session for Session {
         link_relay: LinkRelay<()>,
         input_handle: InputHandle,
     ) -> Result<OutputHandle, Self::AllocError> {
-        match self.allocate_link(link_name, None) {
+        let key = link_key(&link_name, relay_role(&link_relay));
+        match self.allocate_keyed_link(key, None) {
             Ok(output_handle) => {
                 let value = link_relay.with_output_handle(output_handle.clone());
                 self.link_by_input_handle.insert(input_handle, value);
@@ -749,7 +707,10 @@ impl endpoint::Session for Session {
     }
 
     async fn on_incoming_attach(&mut self, attach: Attach) -> Result<(), Self::Error> {
-        match self.link_by_name.get_mut(&attach.name) {
+        match self
+            .link_by_name
+            .get_mut(&link_key(&attach.name, local_role(&attach.role)))
+        {
             Some(link) => match link.take() {
                 Some(mut relay) => {
                     // Only Sender need to update the receiver settle mode
@@ -1638,5 +1599,88 @@ mod tests {
         assert!(matches!(error, SessionInnerError::IllegalState));
         assert_eq!(session.next_outgoing_delivery_id, delivery_start);
         assert_eq!(session.next_outgoing_id, transfer_start);
+    }
+}
+
+impl Session {
+    /// Allocates an output handle for the link known by `key` (its name and
+    /// role, see [`link_key`]).
+    fn allocate_keyed_link(
+        &mut self,
+        key: String,
+        link_relay: Option<LinkRelay<()>>,
+    ) -> Result<OutputHandle, AllocLinkError> {
+        match &self.local_state {
+            SessionState::Mapped => {}
+            _ => {
+                return Err(match self.session_stop_reason.get() {
+                    // The session (or its connection) stopped; the reason is
+                    // recorded before the session becomes Unmapped
+                    Some(reason) => AllocLinkError::SessionStopped(reason.clone()),
+                    None => match &self.local_state {
+                        // The session is ending while the engine still runs; the
+                        // stop reason is only recorded at engine exit, so `Ended`
+                        // is accurate here (defensive fallback)
+                        SessionState::EndSent
+                        | SessionState::EndReceived
+                        | SessionState::Discarding => {
+                            #[cfg(feature = "tracing")]
+                            tracing::warn!(
+                                "allocate_link: session stop reason not recorded; reporting SessionStopped(Ended)"
+                            );
+                            #[cfg(feature = "log")]
+                            log::warn!(
+                                "allocate_link: session stop reason not recorded; reporting SessionStopped(Ended)"
+                            );
+                            AllocLinkError::SessionStopped(SessionStopReason::Ended)
+                        }
+                        // Not begun yet (or fully ended without a recorded stop):
+                        // the session exists but is not mapped
+                        _ => AllocLinkError::SessionNotMapped,
+                    },
+                });
+            }
+        };
+
+        // check whether link name is duplciated
+        if self.link_by_name.contains_key(&key) {
+            return Err(AllocLinkError::DuplicatedLinkName);
+        }
+
+        // get a new entry index
+        let entry = self.link_name_by_output_handle.vacant_entry();
+        let handle = OutputHandle(entry.key() as u32);
+
+        entry.insert(key.clone());
+        let value = link_relay.map(|val| val.with_output_handle(handle.clone()));
+        self.link_by_name.insert(key, value);
+        Ok(handle)
+    }
+}
+
+/// Links are known by name and role: a sender and a receiver may share a
+/// name, as the two links of a pair do (RabbitMQ's management node takes
+/// requests on such a pair).
+pub(crate) fn link_key(name: &str, role: Role) -> String {
+    let tag = match role {
+        Role::Sender => 's',
+        Role::Receiver => 'r',
+    };
+    format!("{name}\u{0}{tag}")
+}
+
+/// The role of the local link a relay belongs to.
+fn relay_role<O>(relay: &LinkRelay<O>) -> Role {
+    match relay {
+        LinkRelay::Sender { .. } => Role::Sender,
+        LinkRelay::Receiver { .. } => Role::Receiver,
+    }
+}
+
+/// The role of our end of a link the peer attached as `remote`.
+pub(crate) fn local_role(remote: &Role) -> Role {
+    match remote {
+        Role::Sender => Role::Receiver,
+        Role::Receiver => Role::Sender,
     }
 }
