@@ -398,7 +398,11 @@ async fn a_tenant_keeps_its_throughput_beside_a_tenant_whose_handlers_spin() -> 
         figures.beside_spinners,
         figures.ratio()
     );
-    assert!(figures.ratio() >= 0.8, "{figures:?}");
+    // Without the CPU lane the spinners take about four fifths of the
+    // busy tenant's speed (a ratio near 0.2); the benchmark (`--bench
+    // tenants`) measures the ratio on a quiet machine. This only catches a
+    // lane that stopped working, on a machine loaded by the other tests.
+    assert!(figures.ratio() >= 0.5, "{figures:?}");
     Ok(())
 }
 

@@ -1,0 +1,357 @@
+//! wharf end to end on a real broker, against a hand-written fe2o3-amqp
+//! consumer doing the same work in the same run (its socket with
+//! `TCP_NODELAY`, the same credit): throughput per handler language and
+//! instance policy, latency at half the measured maximum, mounts sharing a
+//! connection, and what idle mounts cost.
+//!
+//!     cargo bench -p wharf-tests --bench throughput             # Artemis, then RabbitMQ 4
+//!     cargo bench -p wharf-tests --bench throughput -- artemis  # one broker
+//!
+//! The brokers must be running (`scripts/test` starts them); guests come
+//! from `build/guests` (`scripts/build-guests`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::sasl_profile::SaslProfile;
+use fe2o3_amqp::types::messaging::{Body, Data, Message, Properties};
+use fe2o3_amqp::types::primitives::{Binary, Value};
+use fe2o3_amqp::{Connection, Receiver, Session};
+use wharf::broker::Endpoint;
+use wharf::broker::message::AmqpMessage;
+use wharf::config::Config;
+use wharf::events::Event;
+use wharf_tests::client::Client;
+use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
+
+/// Messages per throughput measurement.
+const MESSAGES: usize = 20_000;
+/// Link credit, for wharf and the baseline alike.
+const CREDIT: u32 = 64;
+/// Body size of every message.
+const BODY: usize = 256;
+
+struct Broker {
+    name: &'static str,
+    url: String,
+    /// How an address becomes the queue it names on this broker.
+    queue: fn(&str) -> String,
+}
+
+fn brokers() -> Vec<Broker> {
+    let only = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .map(|a| a.to_lowercase());
+    let all = [
+        Broker {
+            name: "Artemis 2.40",
+            url: wharf_tests::artemis_url(),
+            queue: |name| name.to_owned(),
+        },
+        Broker {
+            name: "RabbitMQ 4.0",
+            url: wharf_tests::rabbitmq4_url(),
+            queue: |name| format!("/queue/{name}"),
+        },
+    ];
+    all.into_iter()
+        .filter(|b| only.as_deref().is_none_or(|o| b.name.to_lowercase().contains(o)))
+        .collect()
+}
+
+fn message(id: String) -> AmqpMessage {
+    Message::builder()
+        .properties(Properties::builder().message_id(id).build())
+        .body(Body::<Value>::Data(
+            vec![Data(Binary::from(vec![b'x'; BODY]))].into(),
+        ))
+        .build()
+        .into()
+}
+
+async fn prefill(url: &str, address: &str, n: usize) -> anyhow::Result<()> {
+    let mut client = Client::connect(url).await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        client
+            .publish_many(
+                address,
+                chunk.iter().map(|i| message(format!("{address}.{i}"))),
+            )
+            .await?;
+    }
+    client.close().await;
+    Ok(())
+}
+
+/// The baseline: receive and accept every message, nothing else.
+async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<f64> {
+    let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
+    let stream =
+        wharf::broker::socket::connect(&endpoint.host, endpoint.port, Duration::from_secs(10))
+            .await?;
+    let mut connection = Connection::builder()
+        .container_id(unique("native"))
+        .hostname(endpoint.host.as_str())
+        .sasl_profile(SaslProfile::Plain {
+            username: endpoint.user.clone().unwrap_or_default(),
+            password: endpoint.password.clone().unwrap_or_default(),
+        })
+        .open_with_stream(stream)
+        .await?;
+    let mut session = Session::begin(&mut connection).await?;
+    let mut receiver = Receiver::builder()
+        .name(unique("native"))
+        .source(address)
+        .credit_mode(CreditMode::Auto(CREDIT))
+        .attach(&mut session)
+        .await?;
+    let started = Instant::now();
+    for _ in 0..n {
+        let delivery = receiver.recv::<Body<Value>>().await?;
+        receiver.accept(&delivery).await?;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let _ = receiver.close().await;
+    let _ = session.end().await;
+    let _ = connection.close().await;
+    Ok(rate)
+}
+
+/// A host with `mounts` on `broker`, started and attached.
+async fn host(broker: &Broker, mounts: Vec<MountToml>) -> anyhow::Result<TestHost> {
+    let text = tenants_text(&broker.url, "", &[TenantToml::new("bench", mounts)]);
+    TestHost::start_config(Config::parse(&text, &repo_root().join("bench.toml"))?).await
+}
+
+fn mount(name: &str, module: &str, address: &str, extra: &[&str]) -> MountToml {
+    let mut mount = MountToml::new(name, module, address).with(&format!("credit = {CREDIT}"));
+    for line in extra {
+        mount = mount.with(line);
+    }
+    mount
+}
+
+/// Counts accepted deliveries in the background, timing from the first.
+struct Count {
+    seen: Arc<Mutex<(usize, Option<Instant>)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Count {
+    fn start(host: &TestHost) -> Count {
+        let mut events = host.host().subscribe();
+        let seen = Arc::new(Mutex::new((0, None)));
+        let counting = seen.clone();
+        let task = tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                if let Event::Handled(_) = event {
+                    let mut seen = counting.lock().expect("count");
+                    seen.1.get_or_insert_with(Instant::now);
+                    seen.0 += 1;
+                }
+            }
+        });
+        Count { seen, task }
+    }
+
+    /// Waits for `n` deliveries; their rate from the first to the last.
+    async fn rate(self, n: usize) -> anyhow::Result<f64> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let (count, first) = *self.seen.lock().expect("count");
+            if count >= n {
+                self.task.abort();
+                let first = first.expect("one was seen");
+                return Ok(count as f64 / first.elapsed().as_secs_f64());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "only {count} of {n} handled");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// wharf's rate over `n` prefilled messages on `mounts` mounts, each on a
+/// queue of its own.
+async fn wharf_rate(
+    broker: &Broker,
+    module: &str,
+    extra: &[&str],
+    mounts: usize,
+    n: usize,
+) -> anyhow::Result<f64> {
+    let queues: Vec<String> = (0..mounts)
+        .map(|_| (broker.queue)(&unique("bench")))
+        .collect();
+    for queue in &queues {
+        prefill(&broker.url, queue, n / mounts).await?;
+    }
+    let specs = queues
+        .iter()
+        .enumerate()
+        .map(|(i, q)| mount(&format!("m{i}"), module, q, extra))
+        .collect();
+    let host = host(broker, specs).await?;
+    let rate = Count::start(&host).rate(n / mounts * mounts).await?;
+    host.stop().await?;
+    Ok(rate)
+}
+
+/// p50 and p99 from publish to accept, publishing at `rate` a second.
+async fn latency(broker: &Broker, rate: f64) -> anyhow::Result<(Duration, Duration)> {
+    let queue = (broker.queue)(&unique("latency"));
+    let host = host(broker, vec![mount("m", "ack", &queue, &[])]).await?;
+    let mut events = host.host().subscribe();
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let n = (rate * 5.0) as usize;
+    let publishing = {
+        let (url, queue, sent) = (broker.url.clone(), queue.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut client = Client::connect(&url).await?;
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            for i in 0..n {
+                tick.tick().await;
+                let id = format!("{queue}.{i}");
+                sent.lock().expect("sent").insert(id.clone(), Instant::now());
+                client.publish_raw(&queue, message(id).encode()?.to_vec()).await?;
+            }
+            client.close().await;
+            anyhow::Ok(())
+        })
+    };
+    let mut latencies = Vec::with_capacity(n);
+    while latencies.len() < n {
+        if let Event::Handled(h) = events.recv().await? {
+            let at = h.message_id.and_then(|id| sent.lock().expect("sent").remove(&id));
+            if let Some(at) = at {
+                latencies.push(at.elapsed());
+            }
+        }
+    }
+    publishing.await??;
+    host.stop().await?;
+    latencies.sort();
+    Ok((latencies[n / 2], latencies[n * 99 / 100]))
+}
+
+/// Attach time and resident memory of `mounts` idle mounts, measured in a
+/// process of their own so one count does not inherit another's memory.
+async fn idle(broker: &Broker, mounts: usize) -> anyhow::Result<(Duration, u64)> {
+    let output = tokio::process::Command::new(std::env::current_exe()?)
+        .arg(format!("--idle={mounts}"))
+        .arg(format!("--url={}", broker.url))
+        .arg(format!("--broker={}", broker.name))
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    anyhow::ensure!(
+        output.status.success(),
+        "idle mounts: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut figures = stdout.split_whitespace().map(str::parse::<f64>);
+    let (Some(Ok(seconds)), Some(Ok(bytes))) = (figures.next(), figures.next()) else {
+        anyhow::bail!("idle mounts printed {stdout}");
+    };
+    Ok((Duration::from_secs_f64(seconds), bytes as u64))
+}
+
+/// The child process of [`idle`]: prints seconds to attach and bytes grown.
+async fn idle_here(broker: &Broker, mounts: usize) -> anyhow::Result<()> {
+    let before = resident_bytes();
+    let tenants: Vec<TenantToml> = (0..mounts.div_ceil(100))
+        .map(|t| {
+            let mounts = (0..100.min(mounts - t * 100))
+                .map(|m| mount(&format!("m{m}"), "ack", &(broker.queue)(&unique("idle")), &[]))
+                .collect();
+            TenantToml::new(&format!("t{t}"), mounts)
+        })
+        .collect();
+    let text = tenants_text(&broker.url, "", &tenants);
+    let started = Instant::now();
+    let host = TestHost::start_config(Config::parse(&text, &repo_root().join("bench.toml"))?).await?;
+    let took = started.elapsed();
+    let grown = resident_bytes().saturating_sub(before);
+    println!("{} {grown}", took.as_secs_f64());
+    host.stop().await?;
+    Ok(())
+}
+
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kb| kb.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let flag = |name: &str| {
+        std::env::args().find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_owned))
+    };
+    if let (Some(mounts), Some(url)) = (flag("idle"), flag("url")) {
+        let name = flag("broker").unwrap_or_default();
+        let broker = brokers()
+            .into_iter()
+            .find(|b| b.name == name)
+            .map(|b| Broker { url, ..b })
+            .ok_or_else(|| anyhow::anyhow!("no broker {name}"))?;
+        return idle_here(&broker, mounts.parse()?).await;
+    }
+    for broker in brokers() {
+        println!("\n## {} ({MESSAGES} messages of {BODY} bytes, credit {CREDIT})\n", broker.name);
+        let queue = (broker.queue)(&unique("native"));
+        prefill(&broker.url, &queue, MESSAGES).await?;
+        let baseline = native(&broker.url, &queue, MESSAGES).await?;
+        println!("| consumer | msg/s | vs native |");
+        println!("|---|---|---|");
+        let row = |name: &str, rate: f64| {
+            println!("| {name} | {rate:.0} | {:.2}× |", rate / baseline);
+        };
+        row("native fe2o3 consumer (TCP_NODELAY)", baseline);
+        let reuse = ["instance = \"reuse\""];
+        let cases: [(&str, &str, &[&str]); 5] = [
+            ("wharf, Rust `ack`, per-delivery", "ack", &[]),
+            ("wharf, Rust `ack`, reuse", "ack", &reuse),
+            ("wharf, JavaScript (StarlingMonkey), reuse", "flaky_js", &reuse),
+            ("wharf, Python, reuse", "flaky_python", &reuse),
+            ("wharf, Go, reuse", "flaky_go", &reuse),
+        ];
+        let mut best = 0.0f64;
+        for (name, module, extra) in cases {
+            if !repo_root().join(format!("build/guests/{module}.wasm")).is_file() {
+                println!("| {name} | not built | |");
+                continue;
+            }
+            let rate = wharf_rate(&broker, module, extra, 1, MESSAGES).await?;
+            if module == "ack" {
+                best = best.max(rate);
+            }
+            row(name, rate);
+        }
+        for mounts in [10, 100] {
+            let rate = wharf_rate(&broker, "ack", &reuse, mounts, MESSAGES).await?;
+            row(&format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"), rate);
+        }
+        let (p50, p99) = latency(&broker, best / 2.0).await?;
+        println!(
+            "\nlatency from publish to accept at {:.0} msg/s (half the best wharf rate): p50 {:.2} ms, p99 {:.2} ms",
+            best / 2.0,
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
+        for mounts in [1_000, 10_000] {
+            let (took, bytes) = idle(&broker, mounts).await?;
+            println!(
+                "{mounts} idle mounts: attached in {:.1} s, {:.0} MiB resident",
+                took.as_secs_f64(),
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    Ok(())
+}
