@@ -18,6 +18,7 @@ use wharf::sandbox::{
 
 /// The example handlers, by language.
 const GUESTS: &[(&str, &str)] = &[
+    ("Rust (`ack`)", "ack"),
     ("Rust", "flaky"),
     ("C", "flaky_c"),
     ("Go", "flaky_go"),
@@ -26,22 +27,34 @@ const GUESTS: &[(&str, &str)] = &[
     ("Python", "flaky_python"),
 ];
 
-/// Deliveries per measurement; enough to amortise the clock, few enough
-/// for Python's fresh instances.
-const DELIVERIES: u32 = 200;
+/// Deliveries per measurement: as many as fit this long, at least
+/// `MIN_DELIVERIES`.
+const MEASURE_FOR: Duration = Duration::from_secs(1);
+const MIN_DELIVERIES: usize = 50;
 
 struct Row {
     language: &'static str,
     size: u64,
     compile: Duration,
-    fresh: Duration,
-    reused: Duration,
+    fresh: Costs,
+    reused: Costs,
+}
+
+/// The cost of one delivery: median and mean.
+#[derive(Clone, Copy)]
+struct Costs {
+    p50: Duration,
+    mean: Duration,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let mut rows = Vec::new();
     for &(language, name) in GUESTS {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let path = wharf_tests::repo_root()
             .join("build/guests")
             .join(format!("{name}.wasm"));
@@ -96,35 +109,47 @@ async fn main() -> anyhow::Result<()> {
     }
     let baseline = rows
         .first()
-        .map_or(Duration::from_micros(1), |row| row.fresh)
+        .map_or(Duration::from_micros(1), |row| row.fresh.p50)
         .as_secs_f64();
     println!(
-        "| language | component | compile (cold) | per delivery, fresh instance | per delivery, reused | fresh vs Rust fresh |"
+        "| language | component | compile (cold) | fresh instance, p50 (mean) | reused, p50 (mean) | fresh vs first row |"
     );
     println!("|---|---|---|---|---|---|");
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
     for row in rows {
         println!(
-            "| {} | {:.0} KB | {:.0} ms | {:.0} µs | {:.1} µs | {:.1}× |",
+            "| {} | {:.0} KB | {:.0} ms | {:.1} µs ({:.1}) | {:.1} µs ({:.1}) | {:.1}× |",
             row.language,
             row.size as f64 / 1000.0,
             row.compile.as_secs_f64() * 1e3,
-            row.fresh.as_secs_f64() * 1e6,
-            row.reused.as_secs_f64() * 1e6,
-            row.fresh.as_secs_f64() / baseline
+            micros(row.fresh.p50),
+            micros(row.fresh.mean),
+            micros(row.reused.p50),
+            micros(row.reused.mean),
+            row.fresh.p50.as_secs_f64() / baseline
         );
     }
     Ok(())
 }
 
-/// Mean cost of one delivery, after one warm-up delivery.
-async fn per_delivery(instances: &Arc<Instances>) -> anyhow::Result<Duration> {
+/// The cost of one delivery (reserve, instantiate when fresh, call,
+/// drop), after a warm-up delivery.
+async fn per_delivery(instances: &Arc<Instances>) -> anyhow::Result<Costs> {
     let delivery = delivery();
     call(instances, &delivery).await?;
+    let mut times = Vec::new();
     let started = Instant::now();
-    for _ in 0..DELIVERIES {
+    while times.len() < MIN_DELIVERIES || started.elapsed() < MEASURE_FOR {
+        let call_started = Instant::now();
         call(instances, &delivery).await?;
+        times.push(call_started.elapsed());
     }
-    Ok(started.elapsed() / DELIVERIES)
+    let mean = times.iter().sum::<Duration>() / u32::try_from(times.len()).unwrap_or(u32::MAX);
+    times.sort();
+    Ok(Costs {
+        p50: times[times.len() / 2],
+        mean,
+    })
 }
 
 async fn call(instances: &Arc<Instances>, delivery: &Delivery) -> anyhow::Result<()> {

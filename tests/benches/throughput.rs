@@ -58,7 +58,10 @@ fn brokers() -> Vec<Broker> {
         },
     ];
     all.into_iter()
-        .filter(|b| only.as_deref().is_none_or(|o| b.name.to_lowercase().contains(o)))
+        .filter(|b| {
+            only.as_deref()
+                .is_none_or(|o| b.name.to_lowercase().contains(o))
+        })
         .collect()
 }
 
@@ -214,8 +217,12 @@ async fn latency(broker: &Broker, rate: f64) -> anyhow::Result<(Duration, Durati
             for i in 0..n {
                 tick.tick().await;
                 let id = format!("{queue}.{i}");
-                sent.lock().expect("sent").insert(id.clone(), Instant::now());
-                client.publish_raw(&queue, message(id).encode()?.to_vec()).await?;
+                sent.lock()
+                    .expect("sent")
+                    .insert(id.clone(), Instant::now());
+                client
+                    .publish_raw(&queue, message(id).encode()?.to_vec())
+                    .await?;
             }
             client.close().await;
             anyhow::Ok(())
@@ -224,7 +231,9 @@ async fn latency(broker: &Broker, rate: f64) -> anyhow::Result<(Duration, Durati
     let mut latencies = Vec::with_capacity(n);
     while latencies.len() < n {
         if let Event::Handled(h) = events.recv().await? {
-            let at = h.message_id.and_then(|id| sent.lock().expect("sent").remove(&id));
+            let at = h
+                .message_id
+                .and_then(|id| sent.lock().expect("sent").remove(&id));
             if let Some(at) = at {
                 latencies.push(at.elapsed());
             }
@@ -264,14 +273,22 @@ async fn idle_here(broker: &Broker, mounts: usize) -> anyhow::Result<()> {
     let tenants: Vec<TenantToml> = (0..mounts.div_ceil(100))
         .map(|t| {
             let mounts = (0..100.min(mounts - t * 100))
-                .map(|m| mount(&format!("m{m}"), "ack", &(broker.queue)(&unique("idle")), &[]))
+                .map(|m| {
+                    mount(
+                        &format!("m{m}"),
+                        "ack",
+                        &(broker.queue)(&unique("idle")),
+                        &[],
+                    )
+                })
                 .collect();
             TenantToml::new(&format!("t{t}"), mounts)
         })
         .collect();
     let text = tenants_text(&broker.url, "", &tenants);
     let started = Instant::now();
-    let host = TestHost::start_config(Config::parse(&text, &repo_root().join("bench.toml"))?).await?;
+    let host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("bench.toml"))?).await?;
     let took = started.elapsed();
     let grown = resident_bytes().saturating_sub(before);
     println!("{} {grown}", took.as_secs_f64());
@@ -303,7 +320,10 @@ async fn main() -> anyhow::Result<()> {
         return idle_here(&broker, mounts.parse()?).await;
     }
     for broker in brokers() {
-        println!("\n## {} ({MESSAGES} messages of {BODY} bytes, credit {CREDIT})\n", broker.name);
+        println!(
+            "\n## {} ({MESSAGES} messages of {BODY} bytes, credit {CREDIT})\n",
+            broker.name
+        );
         let queue = (broker.queue)(&unique("native"));
         prefill(&broker.url, &queue, MESSAGES).await?;
         let baseline = native(&broker.url, &queue, MESSAGES).await?;
@@ -317,13 +337,20 @@ async fn main() -> anyhow::Result<()> {
         let cases: [(&str, &str, &[&str]); 5] = [
             ("wharf, Rust `ack`, per-delivery", "ack", &[]),
             ("wharf, Rust `ack`, reuse", "ack", &reuse),
-            ("wharf, JavaScript (StarlingMonkey), reuse", "flaky_js", &reuse),
+            (
+                "wharf, JavaScript (StarlingMonkey), reuse",
+                "flaky_js",
+                &reuse,
+            ),
             ("wharf, Python, reuse", "flaky_python", &reuse),
             ("wharf, Go, reuse", "flaky_go", &reuse),
         ];
         let mut best = 0.0f64;
         for (name, module, extra) in cases {
-            if !repo_root().join(format!("build/guests/{module}.wasm")).is_file() {
+            if !repo_root()
+                .join(format!("build/guests/{module}.wasm"))
+                .is_file()
+            {
                 println!("| {name} | not built | |");
                 continue;
             }
@@ -335,7 +362,10 @@ async fn main() -> anyhow::Result<()> {
         }
         for mounts in [10, 100] {
             let rate = wharf_rate(&broker, "ack", &reuse, mounts, MESSAGES).await?;
-            row(&format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"), rate);
+            row(
+                &format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"),
+                rate,
+            );
         }
         let (p50, p99) = latency(&broker, best / 2.0).await?;
         println!(

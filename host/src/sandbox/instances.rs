@@ -149,6 +149,9 @@ pub struct Instances {
     lane: CpuLane,
     slots: InstanceSlots,
     idle: Mutex<Vec<Instance>>,
+    /// When these instances were set up: what a fresh instance's idle time
+    /// starts from, so making one reads no clock.
+    created: Instant,
 }
 
 /// An instance ready for one delivery of the mount whose [`Instances`] it
@@ -217,6 +220,7 @@ impl Instances {
             lane,
             slots,
             idle: Mutex::new(Vec::new()),
+            created: Instant::now(),
         }
     }
 
@@ -286,13 +290,14 @@ impl Instances {
         delivery: &Delivery,
     ) -> (Result<Outcome, Failure>, MemoryHeld) {
         let timeout = self.limits.timeout;
+        let deadline = Instant::now() + timeout;
         let store = &mut instance.store;
-        store.data_mut().begin_call(Instant::now() + timeout);
+        store.data_mut().begin_call(deadline);
         store.set_epoch_deadline(1);
         // The epoch check only fires while wasm runs; a guest parked in a
         // host call (a WASI sleep) is caught by this outer timer.
         let run = self.run(&mut instance, delivery);
-        let result = tokio::time::timeout(timeout, run)
+        let result = tokio::time::timeout_at(deadline.into(), run)
             .await
             .unwrap_or(Err(Failure::Timeout(timeout)));
         instance.store.data_mut().end_call();
@@ -387,7 +392,8 @@ impl Instances {
             store,
             handler: None,
             uses: 0,
-            idle_since: Instant::now(),
+            // Set when the instance is kept; a fresh one has not idled.
+            idle_since: self.created,
             memory,
             _slot: slot,
         }
