@@ -12,7 +12,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::sasl_profile::SaslProfile;
@@ -26,8 +28,13 @@ use wharf::events::Event;
 use wharf_tests::client::Client;
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
-/// Messages per throughput measurement.
-const MESSAGES: usize = 20_000;
+/// Messages per throughput measurement (`WHARF_BENCH_MESSAGES` overrides).
+fn messages() -> usize {
+    std::env::var("WHARF_BENCH_MESSAGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000)
+}
 /// Link credit, for wharf and the baseline alike.
 const CREDIT: u32 = 64;
 /// Body size of every message.
@@ -125,7 +132,11 @@ async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<f64> {
 
 /// A host with `mounts` on `broker`, started and attached.
 async fn host(broker: &Broker, mounts: Vec<MountToml>) -> anyhow::Result<TestHost> {
-    let text = tenants_text(&broker.url, "", &[TenantToml::new("bench", mounts)]);
+    let text = tenants_text(&broker.url, "", &[TenantToml::new("bench", mounts)]).replacen(
+        "[host]",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[host]",
+        1,
+    );
     TestHost::start_config(Config::parse(&text, &repo_root().join("bench.toml"))?).await
 }
 
@@ -137,41 +148,51 @@ fn mount(name: &str, module: &str, address: &str, extra: &[&str]) -> MountToml {
     mount
 }
 
-/// Counts accepted deliveries in the background, timing from the first.
+/// Counts handled deliveries from the host's metrics, timing from the
+/// first. (The event stream lets a slow reader miss events, by design.)
 struct Count {
-    seen: Arc<Mutex<(usize, Option<Instant>)>>,
-    task: tokio::task::JoinHandle<()>,
+    admin: std::net::SocketAddr,
 }
 
 impl Count {
     fn start(host: &TestHost) -> Count {
-        let mut events = host.host().subscribe();
-        let seen = Arc::new(Mutex::new((0, None)));
-        let counting = seen.clone();
-        let task = tokio::spawn(async move {
-            while let Ok(event) = events.recv().await {
-                if let Event::Handled(_) = event {
-                    let mut seen = counting.lock().expect("count");
-                    seen.1.get_or_insert_with(Instant::now);
-                    seen.0 += 1;
-                }
-            }
-        });
-        Count { seen, task }
+        Count {
+            admin: host
+                .host()
+                .admin_address()
+                .expect("the bench configures [admin]"),
+        }
+    }
+
+    async fn handled(&self) -> anyhow::Result<usize> {
+        let mut stream = tokio::net::TcpStream::connect(self.admin).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .await?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).await?;
+        Ok(page
+            .lines()
+            .filter(|line| line.starts_with("wharf_deliveries_total{"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as usize)
     }
 
     /// Waits for `n` deliveries; their rate from the first to the last.
     async fn rate(self, n: usize) -> anyhow::Result<f64> {
         let deadline = Instant::now() + Duration::from_secs(300);
+        let mut first = None;
         loop {
-            let (count, first) = *self.seen.lock().expect("count");
+            let count = self.handled().await?;
+            if count > 0 && first.is_none() {
+                first = Some((Instant::now(), count));
+            }
             if count >= n {
-                self.task.abort();
-                let first = first.expect("one was seen");
-                return Ok(count as f64 / first.elapsed().as_secs_f64());
+                let (at, already) = first.expect("one was seen");
+                return Ok((count - already) as f64 / at.elapsed().as_secs_f64());
             }
             anyhow::ensure!(Instant::now() < deadline, "only {count} of {n} handled");
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 }
@@ -197,9 +218,19 @@ async fn wharf_rate(
         .map(|(i, q)| mount(&format!("m{i}"), module, q, extra))
         .collect();
     let host = host(broker, specs).await?;
+    profiler("enable");
     let rate = Count::start(&host).rate(n / mounts * mounts).await?;
+    profiler("disable");
     host.stop().await?;
     Ok(rate)
+}
+
+/// Tells a profiler started with `perf record --control=fifo:PATH -D -1` to
+/// sample only while wharf consumes (`WHARF_PERF_CONTROL=PATH`).
+fn profiler(command: &str) {
+    if let Some(path) = std::env::var_os("WHARF_PERF_CONTROL") {
+        let _ = std::fs::write(path, format!("{command}\n"));
+    }
 }
 
 /// p50 and p99 from publish to accept, publishing at `rate` a second.
@@ -307,6 +338,14 @@ fn resident_bytes() -> u64 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // The `flaky` handlers log a line per delivery; measured here is the
+    // host, not the terminal.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let flag = |name: &str| {
         std::env::args().find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_owned))
     };
@@ -321,12 +360,13 @@ async fn main() -> anyhow::Result<()> {
     }
     for broker in brokers() {
         println!(
-            "\n## {} ({MESSAGES} messages of {BODY} bytes, credit {CREDIT})\n",
-            broker.name
+            "\n## {} ({} messages of {BODY} bytes, credit {CREDIT})\n",
+            broker.name,
+            messages()
         );
         let queue = (broker.queue)(&unique("native"));
-        prefill(&broker.url, &queue, MESSAGES).await?;
-        let baseline = native(&broker.url, &queue, MESSAGES).await?;
+        prefill(&broker.url, &queue, messages()).await?;
+        let baseline = native(&broker.url, &queue, messages()).await?;
         println!("| consumer | msg/s | vs native |");
         println!("|---|---|---|");
         let row = |name: &str, rate: f64| {
@@ -334,19 +374,33 @@ async fn main() -> anyhow::Result<()> {
         };
         row("native fe2o3 consumer (TCP_NODELAY)", baseline);
         let reuse = ["instance = \"reuse\""];
+        // Go's runtime reads the clock and random bytes as it starts.
+        let go = [
+            "instance = \"reuse\"",
+            "[tenant.mount.grants]",
+            "clocks = true",
+            "random = true",
+        ];
         let cases: [(&str, &str, &[&str]); 5] = [
             ("wharf, Rust `ack`, per-delivery", "ack", &[]),
             ("wharf, Rust `ack`, reuse", "ack", &reuse),
             (
-                "wharf, JavaScript (StarlingMonkey), reuse",
+                "wharf, JavaScript (StarlingMonkey) `flaky`, reuse",
                 "flaky_js",
                 &reuse,
             ),
-            ("wharf, Python, reuse", "flaky_python", &reuse),
-            ("wharf, Go, reuse", "flaky_go", &reuse),
+            ("wharf, Python `flaky`, reuse", "flaky_python", &reuse),
+            ("wharf, Go `flaky`, reuse", "flaky_go", &go),
         ];
+        let only_case = std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with('-'))
+            .nth(1);
         let mut best = 0.0f64;
         for (name, module, extra) in cases {
+            if only_case.as_deref().is_some_and(|c| !name.contains(c)) {
+                continue;
+            }
             if !repo_root()
                 .join(format!("build/guests/{module}.wasm"))
                 .is_file()
@@ -354,14 +408,17 @@ async fn main() -> anyhow::Result<()> {
                 println!("| {name} | not built | |");
                 continue;
             }
-            let rate = wharf_rate(&broker, module, extra, 1, MESSAGES).await?;
+            let rate = wharf_rate(&broker, module, extra, 1, messages()).await?;
             if module == "ack" {
                 best = best.max(rate);
             }
             row(name, rate);
         }
+        if only_case.is_some() {
+            continue;
+        }
         for mounts in [10, 100] {
-            let rate = wharf_rate(&broker, "ack", &reuse, mounts, MESSAGES).await?;
+            let rate = wharf_rate(&broker, "ack", &reuse, mounts, messages()).await?;
             row(
                 &format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"),
                 rate,

@@ -1,7 +1,7 @@
 //! The host's Prometheus metrics, every series labelled with tenant and
 //! mount.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -194,6 +194,7 @@ impl Metrics {
                 tenant: tags.tenant.to_string(),
                 mount: tags.mount.to_string(),
             },
+            hot: Arc::default(),
         }
     }
 
@@ -223,32 +224,51 @@ fn registered<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, 
 pub struct MountMetrics {
     metrics: Arc<Metrics>,
     labels: MountLabels,
+    hot: Arc<HotSeries>,
 }
+
+/// The series every delivery touches, looked up once: a lookup builds and
+/// hashes a label set, which would cost more than the count itself.
+#[derive(Default)]
+struct HotSeries {
+    /// By outcome, then disposition (`None` first).
+    deliveries: [[OnceLock<Counter>; 5]; 4],
+    duration: OnceLock<Histogram>,
+}
+
+const OUTCOMES: [&str; 4] = ["ack", "retry", "retry-after", "drop"];
+const DISPOSITIONS: [&str; 5] = ["none", "accepted", "modified", "rejected", "released"];
 
 impl MountMetrics {
     /// One delivery handled.
     pub fn handled(&self, outcome: Outcome, disposition: Option<Disposition>, took: Duration) {
-        let labels = DeliveryLabels {
-            tenant: self.labels.tenant.clone(),
-            mount: self.labels.mount.clone(),
-            outcome: match outcome {
-                Outcome::Ack => "ack",
-                Outcome::Retry => "retry",
-                Outcome::RetryAfter(_) => "retry-after",
-                Outcome::Drop => "drop",
-            },
-            disposition: match disposition {
-                None => "none",
-                Some(Disposition::Accepted) => "accepted",
-                Some(Disposition::Modified) => "modified",
-                Some(Disposition::Rejected) => "rejected",
-                Some(Disposition::Released) => "released",
-            },
+        let o = match outcome {
+            Outcome::Ack => 0,
+            Outcome::Retry => 1,
+            Outcome::RetryAfter(_) => 2,
+            Outcome::Drop => 3,
         };
-        self.metrics.deliveries.get_or_create(&labels).inc();
-        self.metrics
+        let d = match disposition {
+            None => 0,
+            Some(Disposition::Accepted) => 1,
+            Some(Disposition::Modified) => 2,
+            Some(Disposition::Rejected) => 3,
+            Some(Disposition::Released) => 4,
+        };
+        self.hot.deliveries[o][d]
+            .get_or_init(|| {
+                let labels = DeliveryLabels {
+                    tenant: self.labels.tenant.clone(),
+                    mount: self.labels.mount.clone(),
+                    outcome: OUTCOMES[o],
+                    disposition: DISPOSITIONS[d],
+                };
+                self.metrics.deliveries.get_or_create(&labels).clone()
+            })
+            .inc();
+        self.hot
             .duration
-            .get_or_create(&self.labels)
+            .get_or_init(|| self.metrics.duration.get_or_create(&self.labels).clone())
             .observe(took.as_secs_f64());
     }
 

@@ -162,23 +162,25 @@ impl Subscription {
         }
     }
 
-    /// Sends a disposition for an unsettled delivery.
-    pub async fn settle(
+    /// Sends one disposition for unsettled deliveries: a run of
+    /// consecutive delivery ids goes out as one frame, and the link's credit
+    /// is renewed once for all of them.
+    pub async fn settle_all(
         &self,
-        info: DeliveryInfo,
+        infos: Vec<DeliveryInfo>,
         disposition: Disposition,
     ) -> Result<(), BrokerError> {
         let sent = match disposition {
-            Disposition::Accepted => self.receiver.accept(info).await,
-            Disposition::Rejected => self.receiver.reject(info, None).await,
-            Disposition::Released => self.receiver.release(info).await,
+            Disposition::Accepted => self.receiver.accept_all(infos).await,
+            Disposition::Rejected => self.receiver.reject_all(infos, None).await,
+            Disposition::Released => self.receiver.release_all(infos).await,
             Disposition::Modified => {
                 let modified = Modified {
                     delivery_failed: Some(true),
                     undeliverable_here: Some(false),
                     message_annotations: None,
                 };
-                self.receiver.modify(info, modified).await
+                self.receiver.modify_all(infos, modified).await
             }
         };
         sent.map_err(|source| BrokerError::Settle {

@@ -17,6 +17,7 @@ use super::settle::{SettleRequest, Settler};
 use crate::broker::{BrokerError, Received, Subscription};
 use crate::events::Event;
 use crate::sandbox::LogTags;
+use crate::settlement::Disposition;
 
 /// How often kept instances are checked for being idle too long.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
@@ -47,42 +48,53 @@ impl AttachedMount {
         let handlers = Arc::new(Semaphore::new(spec.config.concurrency as usize));
         let mut handler_slot = None;
         let mut prune = tokio::time::interval(PRUNE_EVERY);
-        let failure = loop {
-            tokio::select! {
-                biased;
-                Some(request) = inbox.recv() => answer(&subscription, request).await,
-                Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                    report_panic(joined, &spec.tags);
+        // Made once: a cancellation future registers itself when polled.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        let failure = {
+            let sender_failed = publisher_task.failed();
+            tokio::pin!(sender_failed);
+            loop {
+                // The common case needs no wait: a handler slot is free.
+                if handler_slot.is_none() {
+                    handler_slot = handlers.clone().try_acquire_owned().ok();
                 }
-                () = stop.cancelled() => break None,
-                failed = publisher_task.failed() => break Some(failed),
-                _ = prune.tick() => spec.module.current().prune_idle(),
-                permit = handlers.clone().acquire_owned(), if handler_slot.is_none() => {
-                    handler_slot = permit.ok();
+                tokio::select! {
+                    biased;
+                    Some(request) = inbox.recv() => answer(&subscription, request, &mut inbox).await,
+                    Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                        report_panic(joined, &spec.tags);
+                    }
+                    () = &mut stopped => break None,
+                    failed = &mut sender_failed => break Some(failed),
+                    _ = prune.tick() => spec.module.current().prune_idle(),
+                    permit = handlers.clone().acquire_owned(), if handler_slot.is_none() => {
+                        handler_slot = permit.ok();
+                    }
+                    received = subscription.recv(), if handler_slot.is_some() => match received {
+                        Ok(Received::Delivery(inbound)) => {
+                            tasks.spawn(deliver::handle(
+                                context.clone(),
+                                settler.clone(),
+                                *inbound,
+                                handler_slot.take(),
+                                flush.clone(),
+                            ));
+                        }
+                        Ok(Received::Undecodable { info, reason }) => {
+                            let result = subscription.reject_undecodable(info, &reason).await;
+                            refused(&context, format!("not a readable AMQP message: {reason}"), result.err());
+                        }
+                        Ok(Received::Oversized { size, max_size }) => {
+                            refused(
+                                &context,
+                                format!("{size} bytes is over the mount's max_message_size of {max_size}"),
+                                None,
+                            );
+                        }
+                        Err(e) => break Some(e),
+                    },
                 }
-                received = subscription.recv(), if handler_slot.is_some() => match received {
-                    Ok(Received::Delivery(inbound)) => {
-                        tasks.spawn(deliver::handle(
-                            context.clone(),
-                            settler.clone(),
-                            *inbound,
-                            handler_slot.take(),
-                            flush.clone(),
-                        ));
-                    }
-                    Ok(Received::Undecodable { info, reason }) => {
-                        let result = subscription.reject_undecodable(info, &reason).await;
-                        refused(&context, format!("not a readable AMQP message: {reason}"), result.err());
-                    }
-                    Ok(Received::Oversized { size, max_size }) => {
-                        refused(
-                            &context,
-                            format!("{size} bytes is over the mount's max_message_size of {max_size}"),
-                            None,
-                        );
-                    }
-                    Err(e) => break Some(e),
-                },
             }
         };
         let detach_budget = spec.grace / DETACH_SHARE;
@@ -109,9 +121,45 @@ impl AttachedMount {
     }
 }
 
-async fn answer(subscription: &Subscription, request: SettleRequest) {
-    let result = subscription.settle(request.info, request.disposition).await;
-    let _ = request.done.send(result);
+/// The most settle requests answered with one batch of dispositions.
+const SETTLE_BATCH: usize = 256;
+
+/// Sends the disposition `first` asks for, and those of every other request
+/// already waiting, grouped by kind: deliveries finishing together are
+/// settled with a few frames rather than one each.
+async fn answer(
+    subscription: &Subscription,
+    first: SettleRequest,
+    inbox: &mut mpsc::UnboundedReceiver<SettleRequest>,
+) {
+    let mut requests = vec![first];
+    while requests.len() < SETTLE_BATCH
+        && let Ok(request) = inbox.try_recv()
+    {
+        requests.push(request);
+    }
+    for disposition in [
+        Disposition::Accepted,
+        Disposition::Rejected,
+        Disposition::Modified,
+        Disposition::Released,
+    ] {
+        let (these, others): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .partition(|r| r.disposition == disposition);
+        requests = others;
+        if these.is_empty() {
+            continue;
+        }
+        let infos = these.iter().map(|r| r.info.clone()).collect();
+        let result = subscription
+            .settle_all(infos, disposition)
+            .await
+            .map_err(|e| e.to_string());
+        for request in these {
+            let _ = request.done.send(result.clone());
+        }
+    }
 }
 
 /// Lets in-flight deliveries finish and be settled until `deadline`; waiting
@@ -130,7 +178,7 @@ async fn drain(
     while !tasks.is_empty() {
         tokio::select! {
             biased;
-            Some(request) = inbox.recv() => answer(subscription, request).await,
+            Some(request) = inbox.recv() => answer(subscription, request, inbox).await,
             Some(joined) = tasks.join_next() => report_panic(joined, tags),
             () = &mut expired => {
                 tracing::warn!(
@@ -145,7 +193,7 @@ async fn drain(
         }
     }
     while let Ok(request) = inbox.try_recv() {
-        answer(subscription, request).await;
+        answer(subscription, request, inbox).await;
     }
 }
 

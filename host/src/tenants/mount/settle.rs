@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::attach::MountContext;
 use crate::admin::MountMetrics;
-use crate::broker::BrokerError;
 use crate::broker::message::AmqpMessage;
 use crate::events::Event;
 use crate::settlement::{DelayPath, Disposition, Plan, Publish};
@@ -19,7 +18,7 @@ use crate::settlement::{DelayPath, Disposition, Plan, Publish};
 pub(super) struct SettleRequest {
     pub(super) info: DeliveryInfo,
     pub(super) disposition: Disposition,
-    pub(super) done: oneshot::Sender<Result<(), BrokerError>>,
+    pub(super) done: oneshot::Sender<Result<(), String>>,
 }
 
 /// Sends dispositions through the receive loop.
@@ -40,10 +39,7 @@ impl Settler {
         };
         let stopped = || "the mount stopped before the disposition was sent".to_owned();
         self.0.send(request).map_err(|_| stopped())?;
-        answer
-            .await
-            .map_err(|_| stopped())?
-            .map_err(|e| e.to_string())
+        answer.await.map_err(|_| stopped())?
     }
 }
 
