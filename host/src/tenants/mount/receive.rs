@@ -73,13 +73,15 @@ impl AttachedMount {
                     }
                     received = subscription.recv(), if handler_slot.is_some() => match received {
                         Ok(Received::Delivery(inbound)) => {
-                            tasks.spawn(deliver::handle(
+                            // Boxed: the task then moves a pointer, not the
+                            // whole state of a delivery, as it starts and ends.
+                            tasks.spawn(Box::pin(deliver::handle(
                                 context.clone(),
                                 settler.clone(),
                                 *inbound,
                                 handler_slot.take(),
                                 flush.clone(),
-                            ));
+                            )));
                         }
                         Ok(Received::Undecodable { info, reason }) => {
                             let result = subscription.reject_undecodable(info, &reason).await;

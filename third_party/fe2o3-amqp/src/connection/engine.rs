@@ -456,7 +456,39 @@ where
 
     #[inline]
     #[cfg_attr(feature = "tracing", tracing::instrument(name = "SEND", skip_all))]
+    /// Sends `first` and every other session frame already waiting, then
+    /// flushes once: a burst of frames (dispositions, flows, transfers) goes
+    /// out in a few writes instead of a system call each.
+    async fn on_outgoing_session_frame_burst(
+        &mut self,
+        first: SessionFrame,
+    ) -> Result<Running, ConnectionInnerError> {
+        const BURST: usize = 256;
+        let mut running = self.feed_outgoing_session_frame(first).await?;
+        for _ in 1..BURST {
+            if !matches!(running, Running::Continue) {
+                break;
+            }
+            match self.outgoing_session_frames.try_recv() {
+                Ok(frame) => running = self.feed_outgoing_session_frame(frame).await?,
+                Err(_) => break,
+            }
+        }
+        futures_util::SinkExt::flush(&mut self.transport).await?;
+        Ok(running)
+    }
+
     async fn on_outgoing_session_frames(
+        &mut self,
+        frame: SessionFrame,
+    ) -> Result<Running, ConnectionInnerError> {
+        let running = self.feed_outgoing_session_frame(frame).await?;
+        futures_util::SinkExt::flush(&mut self.transport).await?;
+        Ok(running)
+    }
+
+    /// Hands one session frame to the transport without flushing it.
+    async fn feed_outgoing_session_frame(
         &mut self,
         frame: SessionFrame,
     ) -> Result<Running, ConnectionInnerError> {
@@ -495,7 +527,7 @@ where
         tracing::trace!(channel = frame.channel, frame = ?frame.body);
         #[cfg(feature = "log")]
         log::trace!("SEND channel = {}, frame = {:?}", frame.channel, frame.body);
-        self.transport.send(frame).await?;
+        futures_util::SinkExt::feed(&mut self.transport, frame).await?;
         Ok(Running::Continue)
     }
 
@@ -626,7 +658,7 @@ where
                 },
                 frame = self.outgoing_session_frames.recv() => {
                     match frame {
-                        Some(frame) => self.on_outgoing_session_frames(frame).await,
+                        Some(frame) => self.on_outgoing_session_frame_burst(frame).await,
                         None => {
                             // Upon closing, the outgoing_session_frames channel will be closed
                             // first while the connection may still be waiting for remote
