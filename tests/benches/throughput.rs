@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::sasl_profile::SaslProfile;
@@ -148,52 +147,21 @@ fn mount(name: &str, module: &str, address: &str, extra: &[&str]) -> MountToml {
     mount
 }
 
-/// Counts handled deliveries from the host's metrics, timing from the
-/// first. (The event stream lets a slow reader miss events, by design.)
-struct Count {
-    admin: std::net::SocketAddr,
-}
-
-impl Count {
-    fn start(host: &TestHost) -> Count {
-        Count {
-            admin: host
-                .host()
-                .admin_address()
-                .expect("the bench configures [admin]"),
+/// Waits for `n` deliveries; their rate from the first seen to the last.
+async fn rate(host: &TestHost, n: usize) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut first = None;
+    loop {
+        let count = host.host().handled_total() as usize;
+        if count > 0 && first.is_none() {
+            first = Some((Instant::now(), count));
         }
-    }
-
-    async fn handled(&self) -> anyhow::Result<usize> {
-        let mut stream = tokio::net::TcpStream::connect(self.admin).await?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
-            .await?;
-        let mut page = String::new();
-        stream.read_to_string(&mut page).await?;
-        Ok(page
-            .lines()
-            .filter(|line| line.starts_with("wharf_deliveries_total{"))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as usize)
-    }
-
-    /// Waits for `n` deliveries; their rate from the first to the last.
-    async fn rate(self, n: usize) -> anyhow::Result<f64> {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let mut first = None;
-        loop {
-            let count = self.handled().await?;
-            if count > 0 && first.is_none() {
-                first = Some((Instant::now(), count));
-            }
-            if count >= n {
-                let (at, already) = first.expect("one was seen");
-                return Ok((count - already) as f64 / at.elapsed().as_secs_f64());
-            }
-            anyhow::ensure!(Instant::now() < deadline, "only {count} of {n} handled");
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        if count >= n {
+            let (at, already) = first.expect("one was seen");
+            return Ok((count - already) as f64 / at.elapsed().as_secs_f64());
         }
+        anyhow::ensure!(Instant::now() < deadline, "only {count} of {n} handled");
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -219,7 +187,7 @@ async fn wharf_rate(
         .collect();
     let host = host(broker, specs).await?;
     profiler("enable");
-    let rate = Count::start(&host).rate(n / mounts * mounts).await?;
+    let rate = rate(&host, n / mounts * mounts).await?;
     profiler("disable");
     host.stop().await?;
     Ok(rate)

@@ -1,6 +1,7 @@
 //! The host's Prometheus metrics, every series labelled with tenant and
 //! mount.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ pub struct Metrics {
     refused: Family<MountLabels, Counter>,
     broker_connections: Family<BrokerLabels, Gauge>,
     broker_connections_lost: Family<BrokerLabels, Counter>,
+    /// Every delivery handled, over all mounts: one number to watch.
+    handled_total: AtomicU64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -167,7 +170,13 @@ impl Metrics {
             refused,
             broker_connections,
             broker_connections_lost,
+            handled_total: AtomicU64::new(0),
         })
+    }
+
+    /// Deliveries handled so far, over all mounts.
+    pub fn handled_total(&self) -> u64 {
+        self.handled_total.load(Ordering::Relaxed)
     }
 
     /// Records what a broker pool reports: `broker` is the tenant owning it,
@@ -270,6 +279,7 @@ impl MountMetrics {
             .duration
             .get_or_init(|| self.metrics.duration.get_or_create(&self.labels).clone())
             .observe(took.as_secs_f64());
+        self.metrics.handled_total.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A handler call that failed, by [`crate::sandbox::Failure::kind`].

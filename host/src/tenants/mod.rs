@@ -119,6 +119,7 @@ impl Host {
             None => None,
         };
         let events = self.events.clone();
+        let metrics = self.metrics.clone();
         let stopping = CancellationToken::new();
         let slots = self.sandbox.slots().clone();
         let control = Control::start(
@@ -139,6 +140,7 @@ impl Host {
             task,
             events,
             admin,
+            metrics,
         })
     }
 }
@@ -263,9 +265,16 @@ pub struct RunningHost {
     task: tokio::task::JoinHandle<()>,
     events: broadcast::Sender<Event>,
     admin: Option<AdminServer>,
+    metrics: Arc<Metrics>,
 }
 
 impl RunningHost {
+    /// Deliveries handled so far, over all mounts (cheap to poll, unlike
+    /// the event stream, which a slow reader can fall behind).
+    pub fn handled_total(&self) -> u64 {
+        self.metrics.handled_total()
+    }
+
     /// Watches what the host does.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
