@@ -531,3 +531,10 @@ async fn retry_after_may_accept_the_original_so_nothing_reaches_the_dlq() -> any
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_poison_message_reaches_its_limit_on_artemis() -> anyhow::Result<()> {
+    let (q, dla) = (unique("poison"), unique("poison-dla"));
+    crate::poison::poison_on(&artemis_url(), &q, &dla, &dla, "Artemis").await?;
+    Ok(())
+}

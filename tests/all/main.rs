@@ -6,6 +6,7 @@ mod artemis;
 mod faults;
 mod languages;
 mod limits;
+mod poison;
 mod rabbitmq;
 mod rabbitmq4;
 mod reload;

@@ -230,3 +230,19 @@ async fn rabbitmq_at_most_once() -> anyhow::Result<()> {
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_poison_message_reaches_its_limit_on_rabbitmq() -> anyhow::Result<()> {
+    let (q, dla) = (unique("rmq-poison"), unique("rmq-poison-dla"));
+    let (address, dead_letter) = (queue(&q), queue(&dla));
+    crate::poison::poison_on(
+        &rabbitmq_url(),
+        &address,
+        &dead_letter,
+        &dead_letter,
+        "RabbitMQ 3.10",
+    )
+    .await?;
+    assert_empty_and_delete(&dla).await?;
+    assert_empty_and_delete(&q).await
+}

@@ -3,100 +3,23 @@
 //! asks the broker which one an address is and carries retries so that a
 //! poison message reaches its limit on every kind.
 
-use std::collections::BTreeMap;
-
 use wharf::broker::management::QueueKind;
-use wharf::events::Event;
 use wharf::settlement::{Disposition, Publish, RetryPath};
 
 use crate::client::{Client, TestMessage};
+use crate::poison::{attached, poison_on, take};
 use crate::process::WharfProcess;
 use crate::{MountToml, TestHost, config_text, rabbitmq4_shared, rabbitmq4_url, unique};
-use wharf_tests::rabbitmq4::{declare, delete};
+use wharf_tests::rabbitmq4::{bind, declare, delete};
 
-/// Takes `n` messages off `address` and returns their ids.
-async fn take(client: &mut Client, address: &str, n: usize) -> anyhow::Result<Vec<String>> {
-    let mut watch = client.watch(address).await?;
-    let mut ids = Vec::new();
-    while ids.len() < n {
-        let (_, message) = watch.next().await?;
-        ids.push(message.message_id().unwrap_or_default());
-    }
-    watch.close().await;
-    Ok(ids)
-}
-
-/// The mount's queue kind and retry path, as it attached.
-async fn attached(host: &mut TestHost) -> anyhow::Result<(Option<QueueKind>, RetryPath)> {
-    host.next(|e| match e {
-        Event::MountReady { queue, retry, .. } => Some((queue.clone(), *retry)),
-        _ => None,
-    })
-    .await
-}
-
-/// Five messages whose handler always retries, on `address` with three
-/// attempts and a dead-letter queue: every one must be handled exactly at
-/// attempts 1, 2 and 3 and then be dead-lettered.
+/// [`poison_on`] RabbitMQ 4, reading dead letters back from `dla`.
 async fn poison(
     address: &str,
     dla: &str,
     label: &str,
 ) -> anyhow::Result<(Option<QueueKind>, RetryPath)> {
-    let url = rabbitmq4_url();
-    let mount = MountToml::new("m", "fixture_script", address)
-        .with("max_attempts = 3")
-        .with(&format!("dead_letter = \"{dla}\""));
-    let mut host = TestHost::start(&url, &[mount]).await?;
-    let kind = attached(&mut host).await?;
-    let mut client = Client::connect(&url).await?;
-    let ids: Vec<String> = (0..5)
-        .map(|n| format!("{}.{n}", unique("poison")))
-        .collect();
-    client
-        .publish_many(
-            address,
-            ids.iter()
-                .map(|id| TestMessage::new(id, "x").script("*:retry").build()),
-        )
-        .await?;
-    let mut attempts: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    let mut dead_lettered = 0;
-    let mut calls = 0;
-    while dead_lettered < ids.len() {
-        let handled = host
-            .next(|e| match e {
-                Event::Handled(h) => Some(h.clone()),
-                _ => None,
-            })
-            .await?;
-        calls += 1;
-        anyhow::ensure!(
-            calls <= 3 * ids.len(),
-            "{label}: more than 15 handler calls: {attempts:?}"
-        );
-        let id = handled.message_id.clone().unwrap_or_default();
-        attempts.entry(id).or_default().push(handled.attempt);
-        if handled.plan.publish() == Some(Publish::DeadLetter)
-            && handled.disposition == Some(Disposition::Accepted)
-        {
-            dead_lettered += 1;
-        }
-    }
-    for (id, seen) in &attempts {
-        let mut seen = seen.clone();
-        seen.sort_unstable();
-        assert_eq!(seen, [1, 2, 3], "{label}: {id}");
-    }
-    let on_dla = take(&mut client, dla, ids.len()).await?;
-    println!(
-        "RabbitMQ 4, {label}: {calls} handler calls for 5 poison messages, {} dead-lettered at attempt 3 (retry path {:?})",
-        on_dla.len(),
-        kind.1
-    );
-    host.stop().await?;
-    client.close().await;
-    Ok(kind)
+    let label = format!("RabbitMQ 4, {label}");
+    poison_on(&rabbitmq4_url(), address, dla, dla, &label).await
 }
 
 #[tokio::test]
@@ -303,4 +226,23 @@ async fn a_max_attempts_past_a_quorum_queues_delivery_limit_is_warned_of() -> an
     );
     wharf.child.kill().await?;
     delete(&q).await
+}
+
+#[tokio::test]
+async fn dead_letters_may_go_to_an_exchange_address() -> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    let (q, dlq, key) = (unique("rmq4-to-x"), unique("rmq4-to-x-dlq"), unique("key"));
+    declare(&q, "quorum", "").await?;
+    declare(&dlq, "classic", "").await?;
+    bind("amq.direct", &dlq, &key).await?;
+    poison_on(
+        &rabbitmq4_url(),
+        &format!("/queues/{q}"),
+        &format!("/exchanges/amq.direct/{key}"),
+        &format!("/queues/{dlq}"),
+        "RabbitMQ 4, quorum queue dead-lettering to an exchange",
+    )
+    .await?;
+    delete(&q).await?;
+    delete(&dlq).await
 }

@@ -56,3 +56,15 @@ pub async fn delete(name: &str) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Binds queue `queue` to `exchange` with `key`.
+pub async fn bind(exchange: &str, queue: &str, key: &str) -> anyhow::Result<()> {
+    let body = format!(r#"{{"routing_key":"{key}"}}"#);
+    let path = format!("/api/bindings/%2F/e/{exchange}/q/{queue}");
+    let (status, response) = request("POST", &path, &body).await?;
+    anyhow::ensure!(
+        matches!(status, 201 | 204),
+        "bind {queue} to {exchange} with {key}: {response}"
+    );
+    Ok(())
+}

@@ -476,6 +476,10 @@ pub struct Connection {
     pub(crate) local_open: Open,
     pub(crate) session_by_incoming_channel: HashMap<IncomingChannel, SessionRelay>,
     pub(crate) session_by_outgoing_channel: Slab<SessionRelay>,
+    /// Channels of ended sessions, oldest first, kept out of use for a
+    /// while: a peer may still route a `begin` on a channel it has just
+    /// ended to the old session (RabbitMQ before 4.1 does) and never answer.
+    pub(crate) resting_channels: std::collections::VecDeque<(usize, std::time::Instant)>,
 
     // remote
     pub(crate) remote_open: Option<Open>,
@@ -486,6 +490,10 @@ pub struct Connection {
     /// Why this connection stopped, shared with the sessions and the handle
     pub(crate) connection_stop_reason: Arc<OnceLock<ConnectionStopReason>>,
 }
+
+/// How long the channel of an ended session rests before a new session may
+/// take it.
+const CHANNEL_REST: std::time::Duration = std::time::Duration::from_secs(1);
 
 /* ------------------------------- Public API ------------------------------- */
 impl Connection {
@@ -586,6 +594,7 @@ impl Connection {
             local_open,
             session_by_incoming_channel: HashMap::new(),
             session_by_outgoing_channel: Slab::new(),
+            resting_channels: std::collections::VecDeque::new(),
 
             remote_open: None,
             agreed_channel_max,
@@ -640,6 +649,18 @@ impl endpoint::Connection for Connection {
             _ => {}
         };
 
+        // Channels that have rested long enough are free again; so is the
+        // oldest resting one when no other channel is left.
+        while let Some(&(channel, since)) = self.resting_channels.front() {
+            let full = self.session_by_outgoing_channel.vacant_key()
+                > self.agreed_channel_max as usize;
+            if since.elapsed() < CHANNEL_REST && !full {
+                break;
+            }
+            self.resting_channels.pop_front();
+            self.session_by_outgoing_channel.remove(channel);
+        }
+
         // get new entry index
         let entry = self.session_by_outgoing_channel.vacant_entry();
         let outgoing_channel = entry.key();
@@ -654,8 +675,13 @@ impl endpoint::Connection for Connection {
     }
 
     fn deallocate_session(&mut self, outgoing_channel: OutgoingChannel) {
-        self.session_by_outgoing_channel
-            .remove(outgoing_channel.0 as usize);
+        // The slot stays taken (by the ended session's relay, which nothing
+        // routes to any more) until the channel has rested.
+        let channel = outgoing_channel.0 as usize;
+        if self.session_by_outgoing_channel.contains(channel) {
+            self.resting_channels
+                .push_back((channel, std::time::Instant::now()));
+        }
     }
 
     /// Reacting to remote Open frame
