@@ -246,3 +246,27 @@ async fn dead_letters_may_go_to_an_exchange_address() -> anyhow::Result<()> {
     delete(&q).await?;
     delete(&dlq).await
 }
+
+#[tokio::test]
+async fn every_mount_of_many_learns_its_queue_kind() -> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    // More mounts than the 64 sessions RabbitMQ allows on a connection, each
+    // ending its management session as the next ones begin: a session begun
+    // on a channel just ended must still be answered.
+    let queues: Vec<String> = (0..150).map(|n| unique(&format!("rmq4-many{n}"))).collect();
+    let mounts: Vec<MountToml> = queues
+        .iter()
+        .enumerate()
+        .map(|(n, q)| MountToml::new(&format!("m{n}"), "fixture_script", q))
+        .collect();
+    let mut host = TestHost::start(&rabbitmq4_url(), &mounts).await?;
+    for _ in &queues {
+        let (queue, retry) = attached(&mut host).await?;
+        assert_eq!((queue, retry), (Some(QueueKind::Classic), RetryPath::Copy));
+    }
+    host.stop().await?;
+    for q in &queues {
+        delete(q).await?;
+    }
+    Ok(())
+}
