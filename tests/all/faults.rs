@@ -548,6 +548,21 @@ async fn a_broker_that_blocks_publishers_cannot_hang_the_host_or_its_stop() -> a
     let stopped = async {
         let mut wharf = WharfProcess::start_config(&text).await?;
         wharf.wait_for_log("publish failed").await?;
+        // Each failure hands the delivery back and the broker redelivers
+        // it: the loop must run at the publish time-out's pace, not a hot one.
+        let failing = tokio::time::Instant::now();
+        wharf.count_log("publish failed", 2 * all.len()).await?;
+        let per_second = (2 * all.len()) as f64 / failing.elapsed().as_secs_f64();
+        println!(
+            "blocked broker: {} failed dead-letter publishes in {:?}, {per_second:.1}/s for {} messages (publish_timeout 1s)",
+            2 * all.len(),
+            failing.elapsed(),
+            all.len()
+        );
+        anyhow::ensure!(
+            per_second <= 2.0 * all.len() as f64,
+            "a redelivery loop faster than one failed publish per message per publish time-out"
+        );
         let stopping = tokio::time::Instant::now();
         signal(&wharf, "-TERM").await?;
         let exit = tokio::time::timeout(DEADLINE, wharf.child.wait()).await??;
