@@ -11,8 +11,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
-use wharf::broker::{Endpoint, SendOptions};
-use wharf::config::Config;
+use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
+use wharf::config::{Broker, Config, SaslMechanism, is_loopback};
 use wharf::sandbox::{Grants, Output};
 
 #[derive(Parser)]
@@ -53,9 +53,16 @@ enum Command {
     /// Publish messages to an address and wait for the broker to accept
     /// each (handy to try a mount).
     Send {
-        /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672.
-        #[arg(long)]
-        url: String,
+        /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672 (amqps:// trusts
+        /// the platform's CAs).
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        url: Option<String>,
+        /// Connect as this config file's `[broker]` does (TLS, SASL, secrets).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// With `--config`: the broker of this tenant instead of the default.
+        #[arg(long, requires = "config")]
+        tenant: Option<String>,
         /// The address to publish to.
         #[arg(long)]
         address: String,
@@ -167,12 +174,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Send {
             url,
+            config,
+            tenant,
             address,
             properties,
             bodies,
         } => {
+            let broker = send_broker(url, config, tenant)?;
+            let url = broker.urls.first().context("the broker names no URL")?;
+            let mut connect = ConnectOptions::of(&broker);
+            connect.container_id = format!("wharf-send-{}", std::process::id());
             let options = SendOptions {
-                endpoint: Endpoint::parse(&url).map_err(anyhow::Error::msg)?,
+                endpoint: Endpoint::parse(url).map_err(anyhow::Error::msg)?,
+                connect,
                 address,
                 properties,
                 timeout: Duration::from_secs(30),
@@ -232,6 +246,41 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .with_context(|| format!("`{}`", input.display()))?;
             std::fs::write(&output, component)
                 .with_context(|| format!("cannot write `{}`", output.display()))
+        }
+    }
+}
+
+/// The broker `wharf send` publishes to: a URL, or a config's broker (a
+/// tenant's own when named).
+fn send_broker(
+    url: Option<String>,
+    config: Option<PathBuf>,
+    tenant: Option<String>,
+) -> anyhow::Result<Broker> {
+    let Some(path) = config else {
+        let url = url.context("give --url or --config")?;
+        let broker = Broker::at(&url);
+        let endpoint = Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
+        if broker.credentials.mechanism == SaslMechanism::Plain
+            && endpoint.scheme == "amqp"
+            && !is_loopback(&endpoint.host)
+        {
+            anyhow::bail!(
+                "`{endpoint}`: the password would cross the network without TLS; use amqps://, or --config with `allow_plain_without_tls = true`"
+            );
+        }
+        return Ok(broker);
+    };
+    let config = Config::load(&path)?;
+    match tenant {
+        None => Ok(config.broker),
+        Some(name) => {
+            let tenant = config
+                .tenants
+                .iter()
+                .find(|t| t.name == name)
+                .with_context(|| format!("`{}` has no tenant `{name}`", path.display()))?;
+            Ok(tenant.broker.clone().unwrap_or(config.broker))
         }
     }
 }

@@ -11,7 +11,9 @@ mod rabbitmq;
 mod rabbitmq4;
 mod reload;
 mod scale;
+mod security;
 mod shutdown;
 mod tenants;
+mod tls;
 
 pub(crate) use wharf_tests::*;

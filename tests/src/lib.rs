@@ -13,6 +13,7 @@ pub mod process;
 pub mod proxy;
 pub mod rabbitmq4;
 pub mod scenarios;
+pub mod tls_broker;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,6 +2,11 @@
 //! `GET /metrics`, `GET /healthz` (liveness: the process is serving) and
 //! `GET /readyz` (readiness: every mount is attached; otherwise a JSON list
 //! of the mounts that are not, with their last error).
+//!
+//! With a token, every request but `/healthz` must carry it
+//! (`Authorization: Bearer ...`). Connections are capped and each has a
+//! deadline for its request and its answer, so clients that never send or
+//! never read cannot hold the listener.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,15 +16,21 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+use crate::config::Secret;
 use crate::events::LinkState as State;
 
 /// The longest request head read; admin requests are one short line.
 const MAX_REQUEST: usize = 8 * 1024;
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may take to read the answer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; further ones are closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// What the host reports about itself: whether it is alive, and where
 /// each mount stands.
@@ -101,9 +112,11 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Binds `address` and serves in the background.
+    /// Binds `address` and serves in the background; with a `token`,
+    /// requests other than `/healthz` must carry it.
     pub async fn start(
         address: SocketAddr,
+        token: Option<Secret>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
     ) -> std::io::Result<AdminServer> {
@@ -111,13 +124,26 @@ impl AdminServer {
         let address = listener.local_addr()?;
         let stop = CancellationToken::new();
         let stopped = stop.clone();
+        let admin = Arc::new(Admin {
+            token,
+            metrics,
+            health,
+        });
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     () = stopped.cancelled() => break,
                     accepted = listener.accept() => {
-                        if let Ok((stream, _)) = accepted {
-                            tokio::spawn(answer(stream, metrics.clone(), health.clone()));
+                        let Ok((stream, _)) = accepted else { continue };
+                        // Over the cap the connection is dropped unanswered:
+                        // a flood costs a file descriptor for a moment, no task.
+                        if let Ok(slot) = slots.clone().try_acquire_owned() {
+                            let admin = admin.clone();
+                            tokio::spawn(async move {
+                                admin.answer(stream).await;
+                                drop(slot);
+                            });
                         }
                     }
                 }
@@ -138,39 +164,96 @@ impl Drop for AdminServer {
     }
 }
 
-async fn answer(mut stream: TcpStream, metrics: Arc<Metrics>, health: Arc<Health>) {
-    let Ok(Some(path)) = tokio::time::timeout(READ_TIMEOUT, request_path(&mut stream)).await else {
-        return;
-    };
-    let (status, content_type, body) = match path.as_str() {
-        "/metrics" => (
-            "200 OK",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
-        "/healthz" if health.serving() => ("200 OK", "text/plain", "ok\n".to_owned()),
-        "/healthz" => (
-            "503 Service Unavailable",
-            "text/plain",
-            "stopping\n".to_owned(),
-        ),
-        "/readyz" => match health.readiness() {
-            (true, body) => ("200 OK", "application/json", body),
-            (false, body) => ("503 Service Unavailable", "application/json", body),
-        },
-        _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(head.as_bytes()).await;
-    let _ = stream.write_all(body.as_bytes()).await;
-    let _ = stream.shutdown().await;
+/// What the listener serves, and to whom.
+struct Admin {
+    token: Option<Secret>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
 }
 
-/// The path of a `GET` request, once its head has arrived.
-async fn request_path(stream: &mut TcpStream) -> Option<String> {
+impl Admin {
+    async fn answer(&self, mut stream: TcpStream) {
+        let Ok(Some(request)) = tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await
+        else {
+            return;
+        };
+        let (status, content_type, body) = self.respond(&request);
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
+            body.len(),
+            if status.starts_with("401") {
+                "WWW-Authenticate: Bearer\r\n"
+            } else {
+                ""
+            }
+        );
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+            stream.shutdown().await
+        })
+        .await;
+    }
+
+    fn respond(&self, request: &Request) -> (&'static str, &'static str, String) {
+        let serving = self.health.serving();
+        if request.path == "/healthz" {
+            return if serving {
+                ("200 OK", "text/plain", "ok\n".to_owned())
+            } else {
+                (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "stopping\n".to_owned(),
+                )
+            };
+        }
+        if let Some(token) = &self.token
+            && !request
+                .bearer
+                .as_deref()
+                .is_some_and(|given| same_secret(given, token.expose()))
+        {
+            return (
+                "401 Unauthorized",
+                "text/plain",
+                "unauthorized\n".to_owned(),
+            );
+        }
+        match request.path.as_str() {
+            "/metrics" => (
+                "200 OK",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                self.metrics.encode(),
+            ),
+            "/readyz" => match self.health.readiness() {
+                (true, body) => ("200 OK", "application/json", body),
+                (false, body) => ("503 Service Unavailable", "application/json", body),
+            },
+            _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
+        }
+    }
+}
+
+/// Compares in time that does not depend on where the two differ.
+fn same_secret(given: &str, expected: &str) -> bool {
+    let (given, expected) = (given.as_bytes(), expected.as_bytes());
+    let differ = given
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    differ == 0 && given.len() == expected.len()
+}
+
+/// What the listener reads of a request.
+struct Request {
+    path: String,
+    bearer: Option<String>,
+}
+
+/// The path and bearer token of a `GET` request, once its head has
+/// arrived.
+async fn read_request(stream: &mut TcpStream) -> Option<Request> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -180,10 +263,19 @@ async fn request_path(stream: &mut TcpStream) -> Option<String> {
         }
         head.extend_from_slice(&buf[..n]);
     }
-    let line = std::str::from_utf8(&head).ok()?.lines().next()?;
-    let mut parts = line.split(' ');
-    match (parts.next(), parts.next()) {
-        (Some("GET"), Some(path)) => Some(path.split('?').next().unwrap_or(path).to_owned()),
-        _ => None,
-    }
+    let mut lines = std::str::from_utf8(&head).ok()?.lines();
+    let mut parts = lines.next()?.split(' ');
+    let path = match (parts.next(), parts.next()) {
+        (Some("GET"), Some(path)) => path.split('?').next().unwrap_or(path).to_owned(),
+        _ => return None,
+    };
+    let bearer = lines.find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        let value = value.trim();
+        let scheme = value.get(..7)?;
+        (name.trim().eq_ignore_ascii_case("authorization")
+            && scheme.eq_ignore_ascii_case("bearer "))
+        .then(|| value[7..].trim().to_owned())
+    });
+    Some(Request { path, bearer })
 }

@@ -4,5 +4,5 @@
 mod http;
 mod metrics;
 
-pub use http::{AdminServer, Health};
+pub use http::{AdminServer, Health, MAX_CONNECTIONS};
 pub use metrics::{Metrics, MountMetrics};

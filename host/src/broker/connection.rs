@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use fe2o3_amqp::connection::ConnectionHandle;
-use fe2o3_amqp::sasl_profile::SaslProfile;
+use fe2o3_amqp::sasl_profile::{SaslProfile, SaslScramSha256, SaslScramSha512};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Connection, Session};
 
 use super::error::{BrokerError, ConnectFailure, Timed};
-use super::{Endpoint, socket};
+use super::{Endpoint, socket, tls};
+use crate::config::{Broker, Credentials, SaslMechanism, TlsFiles};
 
 /// Sessions one connection may carry (the AMQP maximum; a broker may allow
 /// fewer, and then the pool opens more connections).
@@ -26,6 +27,58 @@ pub struct ConnectOptions {
     pub idle_timeout: Duration,
     /// How long beginning a session may take.
     pub begin_timeout: Duration,
+    /// How to log in.
+    pub credentials: Credentials,
+    /// TLS for `amqps://` nodes; its files are read at every connect, so
+    /// renewed certificates are picked up on the next reconnect.
+    pub tls: Option<TlsFiles>,
+}
+
+impl ConnectOptions {
+    /// The options `broker` asks for.
+    pub fn of(broker: &Broker) -> ConnectOptions {
+        ConnectOptions {
+            container_id: broker.container_id.clone(),
+            connect_timeout: broker.connect_timeout,
+            idle_timeout: broker.idle_timeout,
+            begin_timeout: broker.attach_timeout,
+            credentials: broker.credentials.clone(),
+            tls: broker.tls.clone(),
+        }
+    }
+}
+
+/// The SASL profile for `endpoint`: the URL's user and password where it
+/// has them, else the config's.
+fn sasl_profile(endpoint: &Endpoint, credentials: &Credentials) -> SaslProfile {
+    let user = || {
+        endpoint
+            .user
+            .clone()
+            .or_else(|| credentials.user.clone())
+            .unwrap_or_default()
+    };
+    let password = || {
+        endpoint
+            .password
+            .clone()
+            .or_else(|| credentials.password.as_ref().map(|p| p.expose().to_owned()))
+            .unwrap_or_default()
+    };
+    match credentials.mechanism {
+        SaslMechanism::Anonymous => SaslProfile::Anonymous,
+        SaslMechanism::Plain => SaslProfile::Plain {
+            username: user(),
+            password: password(),
+        },
+        SaslMechanism::External => SaslProfile::External,
+        SaslMechanism::ScramSha256 => {
+            SaslProfile::ScramSha256(SaslScramSha256::new(user(), password()))
+        }
+        SaslMechanism::ScramSha512 => {
+            SaslProfile::ScramSha512(SaslScramSha512::new(user(), password()))
+        }
+    }
 }
 
 /// What a broker said about itself when the connection opened.
@@ -74,8 +127,8 @@ pub struct BrokerConnection {
 
 impl BrokerConnection {
     /// Opens a TCP socket of its own (`TCP_NODELAY`, keepalive, connect
-    /// time-out) and an AMQP connection on it; SASL PLAIN when the endpoint
-    /// has a user, else ANONYMOUS.
+    /// time-out), TLS on it for `amqps://`, and an AMQP connection with the
+    /// configured SASL mechanism.
     pub async fn open(
         endpoint: &Endpoint,
         options: &ConnectOptions,
@@ -84,33 +137,44 @@ impl BrokerConnection {
             endpoint: endpoint.to_string(),
             source,
         };
-        if endpoint.scheme != "amqp" {
-            return Err(fail(ConnectFailure::Unsupported(format!(
-                "`{}` needs TLS, which this build of wharf does not offer",
-                endpoint.scheme
-            ))));
-        }
+        let tls = match (&options.tls, endpoint.scheme.as_str()) {
+            (Some(files), "amqps") => {
+                Some(tls::client_config(files).map_err(|e| fail(ConnectFailure::TlsFiles(e)))?)
+            }
+            (None, "amqp") => None,
+            _ => {
+                return Err(fail(ConnectFailure::Unsupported(format!(
+                    "`{}` URLs need the broker's TLS settings",
+                    endpoint.scheme
+                ))));
+            }
+        };
         let opening = async {
             let stream = socket::connect(&endpoint.host, endpoint.port, options.connect_timeout)
                 .await
                 .map_err(ConnectFailure::Socket)?;
-            let profile = match &endpoint.user {
-                Some(user) => SaslProfile::Plain {
-                    username: user.clone(),
-                    password: endpoint.password.clone().unwrap_or_default(),
-                },
-                None => SaslProfile::Anonymous,
-            };
             let idle_ms = u32::try_from(options.idle_timeout.as_millis()).unwrap_or(u32::MAX);
-            Connection::builder()
+            let builder = Connection::builder()
                 .container_id(options.container_id.clone())
                 .channel_max(CHANNEL_MAX)
                 .idle_time_out(idle_ms)
                 .hostname(endpoint.host.as_str())
-                .sasl_profile(profile)
-                .open_with_stream(stream)
-                .await
-                .map_err(ConnectFailure::Open)
+                .sasl_profile(sasl_profile(endpoint, &options.credentials));
+            match tls {
+                Some(config) => {
+                    let server_name = options
+                        .tls
+                        .as_ref()
+                        .and_then(|t| t.server_name.as_deref())
+                        .unwrap_or(&endpoint.host);
+                    let stream = tls::handshake(config, server_name, stream)
+                        .await
+                        .map_err(ConnectFailure::Tls)?;
+                    builder.open_with_secured_stream(stream).await
+                }
+                None => builder.open_with_stream(stream).await,
+            }
+            .map_err(ConnectFailure::Open)
         };
         let handle = tokio::time::timeout(options.connect_timeout, opening)
             .await

@@ -93,6 +93,12 @@ pub enum ConnectFailure {
     /// TCP: refused, unreachable, no answer.
     #[error("{0}")]
     Socket(#[source] std::io::Error),
+    /// The TLS handshake failed (the broker's certificate, or ours).
+    #[error("{0}")]
+    Tls(#[source] std::io::Error),
+    /// The TLS files could not be loaded.
+    #[error("TLS: {0}")]
+    TlsFiles(#[source] super::tls::TlsError),
     /// AMQP or SASL: the broker refused us.
     #[error("{0}")]
     Open(#[source] OpenError),

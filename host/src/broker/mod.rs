@@ -11,6 +11,7 @@ mod publisher;
 mod send;
 pub mod socket;
 mod subscription;
+pub mod tls;
 
 use std::time::Duration;
 

@@ -13,24 +13,20 @@ use super::{BrokerConnection, BrokerError, ConnectOptions, Endpoint};
 pub struct SendOptions {
     /// The broker.
     pub endpoint: Endpoint,
+    /// How to connect and log in to it.
+    pub connect: ConnectOptions,
     /// The address to publish to.
     pub address: String,
     /// String application properties every message carries.
     pub properties: Vec<(String, String)>,
-    /// How long connecting and each publish may take.
+    /// How long each publish may take.
     pub timeout: Duration,
 }
 
 /// Publishes one durable message per body and waits for the broker to
 /// accept each.
 pub async fn send(options: &SendOptions, bodies: &[String]) -> Result<(), BrokerError> {
-    let connect = ConnectOptions {
-        container_id: format!("wharf-send-{}", std::process::id()),
-        connect_timeout: options.timeout,
-        idle_timeout: Duration::from_secs(30),
-        begin_timeout: options.timeout,
-    };
-    let mut connection = BrokerConnection::open(&options.endpoint, &connect).await?;
+    let mut connection = BrokerConnection::open(&options.endpoint, &options.connect).await?;
     let address = options.address.as_str();
     let publish_error = |source| BrokerError::Publish {
         address: address.to_owned(),

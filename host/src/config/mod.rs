@@ -4,6 +4,7 @@
 //! and the key: unknown keys, bad durations or sizes, duplicate names, missing
 //! modules, dead-letter addresses that would loop back to the subscription.
 
+mod security;
 mod units;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -17,6 +18,7 @@ use toml::Spanned;
 
 use crate::backoff::BackoffPolicy;
 use crate::sandbox::{Grants, InstancePolicy, Output};
+pub use security::{Credentials, SaslMechanism, Secret, TlsFiles, is_loopback};
 pub use units::{parse_duration, parse_size};
 
 /// A configuration that could not be loaded.
@@ -106,12 +108,14 @@ pub struct Config {
     pub tenants: Vec<Tenant>,
 }
 
-/// The HTTP listener for `/metrics` and `/healthz`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The HTTP listener for `/metrics`, `/healthz` and `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admin {
     /// Where to listen, e.g. `127.0.0.1:9090`.
     pub listen: SocketAddr,
+    /// The bearer token every request but `/healthz` must carry; required
+    /// to listen anywhere but on loopback.
+    pub token: Option<Secret>,
 }
 
 /// Where the broker is and how to stay connected to it.
@@ -137,6 +141,10 @@ pub struct Broker {
     pub publish_timeout: Duration,
     /// The waits between reconnect attempts.
     pub reconnect: BackoffPolicy,
+    /// How wharf logs in.
+    pub credentials: Credentials,
+    /// TLS, for `amqps://` URLs.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Broker {
@@ -166,6 +174,8 @@ impl Broker {
                 initial: Broker::DEFAULT_RECONNECT_INITIAL,
                 max: Broker::DEFAULT_RECONNECT_MAX,
             },
+            credentials: Credentials::from_url(url),
+            tls: url.starts_with("amqps://").then(TlsFiles::default),
         }
     }
 
@@ -369,7 +379,7 @@ struct RawConfig {
     broker: RawBroker,
     #[serde(default)]
     host: HostSettings,
-    admin: Option<Admin>,
+    admin: Option<RawAdmin>,
     #[serde(default, rename = "tenant")]
     tenants: Vec<RawTenant>,
 }
@@ -384,9 +394,24 @@ enum RawUrls {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Spanned<SocketAddr>,
+    token_file: Option<Spanned<PathBuf>>,
+    token_env: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawBroker {
     url: Spanned<RawUrls>,
     container_id: Option<String>,
+    user: Option<Spanned<String>>,
+    password_file: Option<Spanned<PathBuf>>,
+    password_env: Option<Spanned<String>>,
+    sasl: Option<Spanned<SaslMechanism>>,
+    #[serde(default)]
+    allow_plain_without_tls: bool,
+    tls: Option<Spanned<security::RawTls>>,
     #[serde(default, deserialize_with = "optional_duration")]
     connect_timeout: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "optional_duration")]
@@ -499,7 +524,9 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            // The parser quotes the offending line and values from it: a
+            // broken line may hold a password.
+            message: security::redact_quoted(e.to_string().trim_end()),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let checker = Checker { path, text };
@@ -585,11 +612,12 @@ impl Config {
                 mounts,
             });
         }
+        let admin = raw.admin.map(|a| checker.admin(a)).transpose()?;
         Ok(Config {
             path: path.to_owned(),
             broker,
             host: raw.host,
-            admin: raw.admin,
+            admin,
             tenants,
         })
     }
@@ -647,11 +675,26 @@ impl Checker<'_> {
         if urls.is_empty() {
             return Err(self.invalid(&raw.url, format!("{here}: `url` lists no broker")));
         }
+        let mut endpoints = Vec::with_capacity(urls.len());
         for url in &urls {
-            if let Err(why) = crate::broker::Endpoint::parse(url) {
-                return Err(self.invalid(&raw.url, format!("{here}: `url`: {why}")));
+            match crate::broker::Endpoint::parse(url) {
+                Ok(endpoint) => endpoints.push(endpoint),
+                Err(why) => return Err(self.invalid(&raw.url, format!("{here}: `url`: {why}"))),
             }
         }
+        let (credentials, tls) = self.broker_security(
+            here,
+            &endpoints,
+            security::RawBrokerSecurity {
+                url: Spanned::new(raw.url.span(), ()),
+                user: raw.user,
+                password_file: raw.password_file,
+                password_env: raw.password_env,
+                sasl: raw.sasl,
+                allow_plain_without_tls: raw.allow_plain_without_tls,
+                tls: raw.tls,
+            },
+        )?;
         let defaults = Broker::at("");
         let reconnect = BackoffPolicy {
             initial: self.timeout(
@@ -701,7 +744,29 @@ impl Checker<'_> {
                 defaults.publish_timeout,
             )?,
             reconnect,
+            credentials,
+            tls,
         })
+    }
+
+    fn admin(&self, raw: RawAdmin) -> Result<Admin, ConfigError> {
+        let here = "[admin]";
+        let token = self.secret(
+            here,
+            raw.token_file.as_ref(),
+            raw.token_env.as_ref(),
+            "token",
+        )?;
+        let listen = *raw.listen.get_ref();
+        if token.is_none() && !listen.ip().is_loopback() {
+            return Err(self.invalid(
+                &raw.listen,
+                format!(
+                    "{here}: `listen = \"{listen}\"` is reachable from other machines; set `token_file` or `token_env`, or listen on loopback"
+                ),
+            ));
+        }
+        Ok(Admin { listen, token })
     }
 
     /// A time-out or wait that must be longer than zero, or its default.

@@ -308,6 +308,7 @@ fn a_broker_may_be_a_cluster_with_its_timeouts_and_backoff() {
         r#"
 [broker]
 url = ["amqp://u:p@node-a:5672", "amqp://u:p@node-b:5672"]
+allow_plain_without_tls = true
 connect_timeout = "3s"
 idle_timeout = "2s"
 attach_timeout = "4s"
@@ -367,4 +368,159 @@ fn mounts_choose_their_message_size_retry_and_delay_paths() {
 fn max_instances_must_be_positive() {
     let e = error("[broker]\nurl = \"amqp://h\"\n[host]\nmax_instances = 0\n");
     assert!(e.contains("at least 1"), "{e}");
+}
+
+/// A file beside the test configs, holding `text`.
+fn secret_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wharf-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("secret file");
+    path
+}
+
+#[test]
+fn passwords_come_from_a_file_or_the_environment_and_never_show() {
+    let file = secret_file("broker-password", "s3cret-from-file\n");
+    let config = parse(&format!(
+        "[broker]\nurl = \"amqp://127.0.0.1\"\nuser = \"wharf\"\npassword_file = \"{}\"\n",
+        file.display()
+    ))
+    .expect("valid config");
+    let credentials = &config.broker.credentials;
+    assert_eq!(credentials.mechanism, SaslMechanism::Plain);
+    assert_eq!(credentials.user.as_deref(), Some("wharf"));
+    assert_eq!(
+        credentials.password.as_ref().map(Secret::expose),
+        Some("s3cret-from-file")
+    );
+    assert!(
+        !format!("{config:?}").contains("s3cret"),
+        "Debug shows no secret"
+    );
+
+    // A variable every process has; setting one would race other tests.
+    let config =
+        parse("[broker]\nurl = \"amqp://127.0.0.1\"\nuser = \"w\"\npassword_env = \"PATH\"\n")
+            .expect("valid config");
+    assert_eq!(
+        config
+            .broker
+            .credentials
+            .password
+            .as_ref()
+            .map(Secret::expose),
+        std::env::var("PATH").ok().as_deref()
+    );
+
+    let e = error(
+        "[broker]\nurl = \"amqp://127.0.0.1\"\nuser = \"w\"\npassword_env = \"WHARF_TEST_UNSET_VARIABLE\"\n",
+    );
+    assert!(e.contains("`WHARF_TEST_UNSET_VARIABLE` is not set"), "{e}");
+    let e = error(
+        "[broker]\nurl = \"amqp://127.0.0.1\"\nuser = \"w\"\npassword_file = \"no/such/file\"\n",
+    );
+    assert!(
+        e.contains("line 4") && e.contains("`password_file`: cannot read"),
+        "{e}"
+    );
+    let e = error(&format!(
+        "[broker]\nurl = \"amqp://u:inline@127.0.0.1\"\npassword_file = \"{}\"\n",
+        file.display()
+    ));
+    assert!(e.contains("give it once") && !e.contains("inline"), "{e}");
+}
+
+#[test]
+fn plain_without_tls_is_refused_off_this_machine() {
+    let e = error("[broker]\nurl = \"amqp://u:hunter2@broker.example\"\n");
+    assert!(
+        e.contains("without TLS") && e.contains("allow_plain_without_tls"),
+        "{e}"
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+    for ok in [
+        "[broker]\nurl = \"amqp://u:p@localhost\"\n",
+        "[broker]\nurl = \"amqp://u:p@[::1]:5672\"\n",
+        "[broker]\nurl = \"amqp://u:p@broker.example\"\nallow_plain_without_tls = true\n",
+        "[broker]\nurl = \"amqp://u:p@broker.example\"\nsasl = \"scram-sha-256\"\n",
+        "[broker]\nurl = \"amqp://broker.example\"\n",
+    ] {
+        parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+}
+
+#[test]
+fn sasl_mechanisms_are_checked_against_what_they_need() {
+    let e = error("[broker]\nurl = \"amqp://127.0.0.1\"\nsasl = \"plain\"\n");
+    assert!(e.contains("SASL PLAIN needs a user and a password"), "{e}");
+    let e = error("[broker]\nurl = \"amqp://127.0.0.1\"\nsasl = \"external\"\n");
+    assert!(
+        e.contains("EXTERNAL needs `amqps://` URLs and a client certificate"),
+        "{e}"
+    );
+    let e = error("[broker]\nurl = \"amqp://127.0.0.1\"\nsasl = \"kerberos\"\n");
+    assert!(
+        e.contains("kerberos") || e.contains("unknown variant"),
+        "{e}"
+    );
+    let e = error("[broker]\nurl = \"amqp://127.0.0.1\"\n[broker.tls]\nca_file = \"ca.pem\"\n");
+    assert!(e.contains("`[tls]` needs `amqps://` URLs"), "{e}");
+    let e = error("[broker]\nurl = [\"amqps://a\", \"amqp://b\"]\n");
+    assert!(e.contains("mixes"), "{e}");
+}
+
+#[test]
+fn tls_files_are_read_at_load_and_named_when_bad() {
+    let e = error(
+        "[broker]\nurl = \"amqps://broker.example\"\n[broker.tls]\nca_file = \"missing-ca.pem\"\n",
+    );
+    assert!(
+        e.contains("`ca_file`") && e.contains("missing-ca.pem") && e.contains("cannot read"),
+        "{e}"
+    );
+    let not_pem = secret_file("not-a-cert.pem", "hello\n");
+    let e = error(&format!(
+        "[broker]\nurl = \"amqps://broker.example\"\n[broker.tls]\nca_file = \"{}\"\n",
+        not_pem.display()
+    ));
+    assert!(
+        e.contains("not-a-cert.pem") && e.contains("no PEM certificate"),
+        "{e}"
+    );
+    let e = error(&format!(
+        "[broker]\nurl = \"amqps://broker.example\"\n[broker.tls]\ncert_file = \"{}\"\n",
+        not_pem.display()
+    ));
+    assert!(e.contains("go together"), "{e}");
+}
+
+#[test]
+fn the_admin_listener_needs_a_token_off_loopback() {
+    let e = error("[broker]\nurl = \"amqp://h\"\n[admin]\nlisten = \"0.0.0.0:9090\"\n");
+    assert!(e.contains("line 4") && e.contains("token_file"), "{e}");
+    let token = secret_file("admin-token", "t0ken\n");
+    let config = parse(&format!(
+        "[broker]\nurl = \"amqp://h\"\n[admin]\nlisten = \"0.0.0.0:9090\"\ntoken_file = \"{}\"\n",
+        token.display()
+    ))
+    .expect("valid config");
+    let admin = config.admin.expect("admin");
+    assert_eq!(admin.token.as_ref().map(Secret::expose), Some("t0ken"));
+    let local = parse("[broker]\nurl = \"amqp://h\"\n[admin]\nlisten = \"127.0.0.1:9090\"\n")
+        .expect("valid config");
+    assert_eq!(local.admin.expect("admin").token, None);
+}
+
+#[test]
+fn a_parse_error_never_repeats_a_quoted_value() {
+    let e = error("[broker]\nurl = \"amqp://u:hunter2@host:5672\n[host]\n");
+    assert!(!e.contains("hunter2"), "{e}");
+    assert!(e.contains("line 2") || e.contains("2 |"), "{e}");
+    let e = error("[broker]\nurl = 5\npassword_env = \"MY_SECRET_NAME\"\n");
+    assert!(!e.contains("MY_SECRET_NAME") || e.contains("`url`"), "{e}");
+    assert_eq!(
+        security::redact_quoted("a = \"x\\\"y\" b = 'z' c = \"open"),
+        "a = \"***\" b = '***' c = \"***"
+    );
 }

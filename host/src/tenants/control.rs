@@ -19,7 +19,7 @@ use super::reload::{self, Change, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
-use crate::config::{Broker, Config, Mount, Tenant};
+use crate::config::{Broker, Config, Mount, SaslMechanism, Tenant, is_loopback};
 use crate::events::{ConfigChange, Event};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Sandbox};
 
@@ -69,18 +69,23 @@ pub(super) struct Control {
 
 /// A broker pool for `broker`.
 fn pool(broker: &Broker) -> BrokerPool {
-    let endpoints = broker
+    let endpoints: Vec<Endpoint> = broker
         .urls
         .iter()
         .map(|url| Endpoint::parse(url).expect("urls are checked when the config loads"))
         .collect();
-    let options = ConnectOptions {
-        container_id: broker.container_id.clone(),
-        connect_timeout: broker.connect_timeout,
-        idle_timeout: broker.idle_timeout,
-        begin_timeout: broker.attach_timeout,
-    };
-    BrokerPool::new(endpoints, options, broker.reconnect)
+    if broker.credentials.mechanism == SaslMechanism::Plain
+        && broker.credentials.allow_plain_without_tls
+        && let Some(exposed) = endpoints
+            .iter()
+            .find(|e| e.scheme == "amqp" && !is_loopback(&e.host))
+    {
+        tracing::warn!(
+            broker = %exposed,
+            "SASL PLAIN without TLS (`allow_plain_without_tls`): the password crosses the network in the clear"
+        );
+    }
+    BrokerPool::new(endpoints, ConnectOptions::of(broker), broker.reconnect)
 }
 
 impl Control {

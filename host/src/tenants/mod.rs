@@ -109,12 +109,17 @@ impl Host {
         let health = Arc::new(Health::default());
         let admin = match self.config.admin.clone() {
             Some(admin) => Some(
-                AdminServer::start(admin.listen, self.metrics.clone(), health.clone())
-                    .await
-                    .map_err(|e| HostError::Admin {
-                        address: admin.listen,
-                        reason: e.to_string(),
-                    })?,
+                AdminServer::start(
+                    admin.listen,
+                    admin.token,
+                    self.metrics.clone(),
+                    health.clone(),
+                )
+                .await
+                .map_err(|e| HostError::Admin {
+                    address: admin.listen,
+                    reason: e.to_string(),
+                })?,
             ),
             None => None,
         };

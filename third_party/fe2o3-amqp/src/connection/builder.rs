@@ -926,6 +926,21 @@ cfg_not_wasm32! {
             self.open_with_stream(stream).await
         }
 
+        /// Open a connection on a stream the caller has already secured with
+        /// TLS (its own connector, roots and client certificate). Unlike
+        /// [`open_with_stream`](#method.open_with_stream) with the `amqp`
+        /// scheme, SASL EXTERNAL is allowed: the peer learns the identity
+        /// from the client certificate of that TLS session.
+        pub async fn open_with_secured_stream<Io>(
+            self,
+            stream: Io,
+        ) -> Result<ConnectionHandle<()>, OpenError>
+        where
+            Io: AsyncRead + AsyncWrite + std::fmt::Debug + SendBound + Unpin + 'static,
+        {
+            self.connect_with_stream(stream, spawn_engine).await
+        }
+
         /// Open with an IO that implements `AsyncRead` and `AsyncWrite`.
         ///
         /// The stream will be wrapped in `BufReader` and `BufWriter` so it is not necessary

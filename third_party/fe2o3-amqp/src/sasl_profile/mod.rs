@@ -127,7 +127,10 @@ impl SaslProfile {
     pub(crate) fn initial_response(&mut self) -> Option<Binary> {
         match self {
             SaslProfile::Anonymous => None,
-            SaslProfile::External => None,
+            // An empty authorization identity: "the one my certificate
+            // proves". Without an initial response the broker answers with
+            // a challenge, which this profile cannot take.
+            SaslProfile::External => Some(Binary::from(Vec::new())),
             SaslProfile::Plain { username, password } => {
                 let username = username.as_bytes();
                 let password = password.as_bytes();

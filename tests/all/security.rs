@@ -1,0 +1,352 @@
+//! Trust boundaries: secrets never reach a log, an error, a metric or
+//! `wharf check`; the admin endpoint wants its token and outlasts clients
+//! that never finish; TLS to the broker (see `tls.rs` for the TLS broker).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::process::Command;
+use wharf::config::Config;
+
+use crate::client::{Client, TestMessage};
+use crate::process::{TempFile, wharf_binary};
+use crate::{DEADLINE, MountToml, artemis_url, config_text, repo_root, unique};
+
+/// A user of the test Artemis with a password no other text contains,
+/// removed again when dropped. Artemis re-reads its user files on login.
+struct ArtemisUser {
+    name: String,
+    password: String,
+}
+
+fn artemis_etc() -> PathBuf {
+    let cache = std::env::var("WHARF_CACHE").unwrap_or_else(|_| "/var/cache/wharf".into());
+    PathBuf::from(cache).join("artemis/instance-2.40.0/etc")
+}
+
+impl ArtemisUser {
+    fn add() -> anyhow::Result<ArtemisUser> {
+        let tag = unique("").replace('.', "");
+        // `@` and `:` are the characters URL redaction gets wrong most.
+        let user = ArtemisUser {
+            name: format!("leak{tag}"),
+            password: format!("Pw{tag}:s3cr@t"),
+        };
+        let etc = artemis_etc();
+        edit(&etc.join("artemis-users.properties"), |text| {
+            format!("{}\n{} = {}\n", text.trim_end(), user.name, user.password)
+        })?;
+        edit(&etc.join("artemis-roles.properties"), |text| {
+            text.replacen("amq = admin", &format!("amq = admin,{}", user.name), 1)
+        })?;
+        Ok(user)
+    }
+
+    /// `amqp://user:password@127.0.0.1:5672`, the password percent-encoded.
+    fn url(&self) -> String {
+        let encoded = self
+            .password
+            .replace('%', "%25")
+            .replace(':', "%3A")
+            .replace('@', "%40");
+        format!("amqp://{}:{encoded}@127.0.0.1:5672", self.name)
+    }
+
+    /// Every form the password could leak in.
+    fn forms(&self) -> [String; 2] {
+        let encoded = self.password.replace(':', "%3A").replace('@', "%40");
+        [self.password.clone(), encoded]
+    }
+}
+
+impl Drop for ArtemisUser {
+    fn drop(&mut self) {
+        let etc = artemis_etc();
+        let name = self.name.clone();
+        let _ = edit(&etc.join("artemis-users.properties"), |text| {
+            text.lines()
+                .filter(|line| !line.starts_with(&format!("{name} = ")))
+                .map(|line| format!("{line}\n"))
+                .collect()
+        });
+        let _ = edit(&etc.join("artemis-roles.properties"), |text| {
+            text.replace(&format!(",{name}"), "")
+        });
+    }
+}
+
+fn edit(path: &Path, change: impl FnOnce(&str) -> String) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    std::fs::write(path, change(&text)).with_context(|| path.display().to_string())
+}
+
+/// Runs `wharf ARGS` to its end; what it printed on stdout and stderr.
+async fn wharf(args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let output = tokio::time::timeout(
+        DEADLINE,
+        Command::new(wharf_binary())
+            .args(args)
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .context("wharf did not finish")??;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.success(), text))
+}
+
+/// `wharf run` with its whole log going to a file, read back at the end.
+struct Logged {
+    child: tokio::process::Child,
+    log: TempFile,
+}
+
+impl Logged {
+    async fn start(config: &Path) -> anyhow::Result<Logged> {
+        let log = TempFile::new("log", "")?;
+        let child = Command::new(wharf_binary())
+            .args(["--log-format", "json", "run", "--config"])
+            .arg(config)
+            .env("WHARF_LOG", "debug")
+            .stderr(std::fs::File::create(&log.0)?)
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(Logged { child, log })
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log.0).unwrap_or_default()
+    }
+
+    async fn wait_for(&self, needle: &str) -> anyhow::Result<()> {
+        self.wait_for_count(needle, 1).await
+    }
+
+    async fn wait_for_count(&self, needle: &str, n: usize) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while self.text().matches(needle).count() < n {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no {needle:?} in the log:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    async fn stop(mut self) -> anyhow::Result<String> {
+        let pid = self.child.id().context("running")?;
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "kill -TERM {pid}");
+        tokio::time::timeout(DEADLINE, self.child.wait()).await??;
+        Ok(self.text())
+    }
+}
+
+/// A GET with an optional bearer token: the status line and the body.
+async fn get(
+    address: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(String, String)> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: wharf\r\n{auth}\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    Ok((
+        head.lines().next().unwrap_or_default().to_owned(),
+        body.to_owned(),
+    ))
+}
+
+fn assert_no_secret(user: &ArtemisUser, place: &str, text: &str) {
+    for form in user.forms() {
+        assert!(!text.contains(&form), "{place} shows the password:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn no_secret_reaches_a_log_an_error_a_metric_or_check() -> anyhow::Result<()> {
+    let user = ArtemisUser::add()?;
+    let queue = unique("leak");
+    let admin_port = free_port()?;
+    let password_file = TempFile::new("secret", &format!("{}\n", user.password))?;
+    let mount = MountToml::new("m", "ack", &queue);
+    let in_url = format!(
+        "{}[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n",
+        config_text(&user.url(), std::slice::from_ref(&mount))
+    );
+    let in_file = config_text("amqp://127.0.0.1:5672", std::slice::from_ref(&mount)).replacen(
+        "[host]",
+        &format!(
+            "user = \"{}\"\npassword_file = \"{}\"\n[host]",
+            user.name,
+            password_file.0.display()
+        ),
+        1,
+    );
+    let wrong = config_text(
+        &user.url().replace("s3cr", "wrong-s3cr"),
+        std::slice::from_ref(&mount),
+    );
+
+    // wharf check: good configs, and broken ones that quote the password.
+    for (name, text) in [
+        ("in the URL", in_url.clone()),
+        ("in a file", in_file.clone()),
+        (
+            "an unterminated URL",
+            format!(
+                "[broker]\nurl = \"amqp://{}:{}@127.0.0.1\n",
+                user.name, user.password
+            ),
+        ),
+        (
+            "a URL with a bad scheme",
+            format!(
+                "[broker]\nurl = \"amqpx://{}:{}@127.0.0.1\"\n",
+                user.name, user.password
+            ),
+        ),
+        (
+            "a URL that is not a string",
+            format!("[broker]\nurl = [\"{}\", 5]\n", user.url()),
+        ),
+    ] {
+        let config = TempFile::new("toml", &text)?;
+        let (ok, output) =
+            wharf(&["check", "--config", config.0.to_str().context("path")?]).await?;
+        println!("wharf check, password {name}: ok={ok}\n{output}");
+        assert_no_secret(
+            &user,
+            &format!("wharf check with the password {name}"),
+            &output,
+        );
+    }
+
+    // wharf run: a working config, with deliveries and the admin pages.
+    let config = TempFile::new("toml", &in_url)?;
+    let running = Logged::start(&config.0).await?;
+    running.wait_for("mount attached").await?;
+    let mut client = Client::connect(&artemis_url()).await?;
+    client
+        .publish(&queue, TestMessage::new("leak-1", "x"))
+        .await?;
+    // wharf send, accepted and refused.
+    let (ok, output) = wharf(&["send", "--url", &user.url(), "--address", &queue, "x"]).await?;
+    assert!(ok, "{output}");
+    assert_no_secret(&user, "wharf send", &output);
+    let wrong_url = user.url().replace("s3cr", "wrong-s3cr");
+    let (ok, output) = wharf(&["send", "--url", &wrong_url, "--address", &queue, "x"]).await?;
+    assert!(!ok, "a wrong password is refused");
+    assert_no_secret(&user, "wharf send with a wrong password", &output);
+    running.wait_for_count("\"handled\"", 2).await?;
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], admin_port));
+    for path in ["/metrics", "/readyz", "/healthz"] {
+        let (status, body) = get(address, path, None).await?;
+        assert_no_secret(&user, path, &body);
+        assert!(status.contains("200"), "{path}: {status}");
+    }
+    let log = running.stop().await?;
+    assert_no_secret(&user, "the log of a working wharf run", &log);
+
+    // wharf run: a password the broker refuses, so errors are logged.
+    let config = TempFile::new("toml", &wrong)?;
+    let refused = Logged::start(&config.0).await?;
+    refused.wait_for("cannot reach the broker").await?;
+    let log = refused.stop().await?;
+    assert_no_secret(&user, "the log of a refused wharf run", &log);
+    println!(
+        "no password in: 5 wharf check runs, 2 wharf run logs, /metrics, /readyz, /healthz, 2 wharf send runs"
+    );
+    client.close().await;
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[tokio::test]
+async fn the_admin_endpoint_wants_its_token_and_outlasts_clients_that_never_finish()
+-> anyhow::Result<()> {
+    let token = unique("token");
+    let token_file = TempFile::new("token", &token)?;
+    let queue = unique("admin");
+    let text = format!(
+        "{}[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n",
+        config_text(&artemis_url(), &[MountToml::new("m", "ack", &queue)]),
+        token_file.0.display()
+    );
+    let host =
+        crate::TestHost::start_config(Config::parse(&text, &repo_root().join("t.toml"))?).await?;
+    let address = host.host().admin_address().context("admin listener")?;
+
+    let (status, _) = get(address, "/metrics", None).await?;
+    assert!(status.contains("401"), "no token: {status}");
+    let (status, _) = get(address, "/readyz", Some("wrong")).await?;
+    assert!(status.contains("401"), "wrong token: {status}");
+    let (status, body) = get(address, "/metrics", Some(&token)).await?;
+    assert!(
+        status.contains("200") && body.contains("wharf_"),
+        "{status}"
+    );
+    let (status, _) = get(address, "/healthz", None).await?;
+    assert!(status.contains("200"), "liveness needs no token: {status}");
+
+    // Twice as many clients as the listener serves at once, each sending
+    // half a request and then nothing.
+    let mut slow = Vec::new();
+    for _ in 0..2 * wharf::admin::MAX_CONNECTIONS {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\n").await?;
+        slow.push(stream);
+    }
+    // A real request gets through once the listener cut them off.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let served_after = tokio::time::Instant::now();
+    loop {
+        match get(address, "/metrics", Some(&token)).await {
+            Ok((status, _)) if status.contains("200") => break,
+            _ => anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the listener never served again"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waited = served_after.elapsed();
+    // Every slow client was closed by the listener, not left open.
+    let mut closed = 0;
+    for mut stream in slow {
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(DEADLINE, stream.read(&mut buf)).await {
+            closed += 1;
+        }
+    }
+    println!(
+        "admin: {} slow clients, a request served after {waited:?}, {closed} slow clients closed by the listener",
+        2 * wharf::admin::MAX_CONNECTIONS
+    );
+    assert_eq!(closed, 2 * wharf::admin::MAX_CONNECTIONS);
+    host.stop().await?;
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! TLS and SASL on a real broker: server-authenticated TLS with SASL PLAIN,
+//! mutual TLS with SASL EXTERNAL, the certificates wharf must refuse, and
+//! SCRAM.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use wharf::broker::{BrokerConnection, ConnectOptions, Endpoint};
+use wharf::config::{Broker, Config, SaslMechanism, TlsFiles};
+
+use crate::client::{Client, TestMessage};
+use crate::tls_broker::{
+    EXPIRED_PORT, MUTUAL_TLS_PORT, PLAIN_PORT, SCRAM_PORT, TLS_PORT, add_scram_user,
+    running as tls_broker,
+};
+use crate::{MountToml, TestHost, config_text, repo_root, unique};
+
+fn plain_url() -> String {
+    format!("amqp://admin:admin@127.0.0.1:{PLAIN_PORT}")
+}
+
+/// A host with one `ack` mount behind `broker_lines`, a message published
+/// on the plain port, and the handled delivery.
+async fn handled_over(url: &str, broker_lines: &str) -> anyhow::Result<()> {
+    let queue = unique("tls");
+    let text = config_text(url, &[MountToml::new("m", "ack", &queue)]).replacen(
+        "[host]",
+        &format!("{broker_lines}[host]"),
+        1,
+    );
+    let mut host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("tls.toml"))?).await?;
+    let mut client = Client::connect(&plain_url()).await?;
+    let id = unique("tls-message");
+    client
+        .publish(&queue, TestMessage::new(&id, "over TLS"))
+        .await?;
+    let handled = host.handled(&id).await?;
+    assert_eq!(handled.outcome, wharf::settlement::Outcome::Ack);
+    client.close().await;
+    host.stop().await
+}
+
+#[tokio::test]
+async fn tls_with_plain_reaches_a_broker_whose_ca_is_given() -> anyhow::Result<()> {
+    let files = tls_broker()?;
+    handled_over(
+        &format!("amqps://admin:admin@127.0.0.1:{TLS_PORT}"),
+        &format!("[broker.tls]\nca_file = \"{}\"\n", files.ca.display()),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn mutual_tls_logs_in_with_external_by_the_client_certificate() -> anyhow::Result<()> {
+    let files = tls_broker()?;
+    handled_over(
+        &format!("amqps://localhost:{MUTUAL_TLS_PORT}"),
+        &format!(
+            "[broker.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            files.ca.display(),
+            files.client_cert.display(),
+            files.client_key.display()
+        ),
+    )
+    .await
+}
+
+/// Opens a connection as the host would; the error's text when it fails.
+async fn refusal(url: &str, tls: TlsFiles) -> anyhow::Result<String> {
+    let mut broker = Broker::at(url);
+    broker.tls = Some(tls);
+    broker.connect_timeout = Duration::from_secs(20);
+    let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
+    match BrokerConnection::open(&endpoint, &ConnectOptions::of(&broker)).await {
+        Ok(connection) => {
+            connection.close(Duration::from_secs(5)).await;
+            anyhow::bail!("{url} was accepted")
+        }
+        Err(e) => Ok(format!("{e}")),
+    }
+}
+
+#[tokio::test]
+async fn certificates_wharf_must_not_trust_are_refused_saying_why() -> anyhow::Result<()> {
+    let files = tls_broker()?;
+    let trusting = |ca: &std::path::Path| TlsFiles {
+        ca_file: Some(ca.to_owned()),
+        ..TlsFiles::default()
+    };
+    let tls = format!("amqps://admin:admin@127.0.0.1:{TLS_PORT}");
+
+    let unknown_ca = refusal(&tls, trusting(&files.other_ca)).await?;
+    println!("a CA wharf does not trust: {unknown_ca}");
+    assert!(
+        unknown_ca.contains("not signed by a CA wharf trusts"),
+        "{unknown_ca}"
+    );
+
+    let expired = refusal(
+        &format!("amqps://admin:admin@127.0.0.1:{EXPIRED_PORT}"),
+        trusting(&files.ca),
+    )
+    .await?;
+    println!("an expired certificate: {expired}");
+    assert!(expired.contains("has expired"), "{expired}");
+
+    let wrong_name = refusal(
+        &tls,
+        TlsFiles {
+            server_name: Some("broker.example".into()),
+            ..trusting(&files.ca)
+        },
+    )
+    .await?;
+    println!("a certificate for another name: {wrong_name}");
+    assert!(
+        wrong_name.contains("not valid for `broker.example`"),
+        "{wrong_name}"
+    );
+
+    let platform_roots = refusal(&tls, TlsFiles::default()).await?;
+    println!("the platform's CAs only: {platform_roots}");
+    assert!(platform_roots.contains("TLS"), "{platform_roots}");
+
+    let no_client_certificate = refusal(
+        &format!("amqps://admin:admin@127.0.0.1:{MUTUAL_TLS_PORT}"),
+        trusting(&files.ca),
+    )
+    .await?;
+    println!("mutual TLS without a client certificate: {no_client_certificate}");
+    assert!(
+        no_client_certificate.contains("127.0.0.1"),
+        "{no_client_certificate}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn wharf_send_publishes_over_tls_with_a_configs_broker() -> anyhow::Result<()> {
+    let files = tls_broker()?;
+    let queue = unique("tls-send");
+    let config = crate::process::TempFile::new(
+        "toml",
+        &format!(
+            "[broker]\nurl = \"amqps://localhost:{MUTUAL_TLS_PORT}\"\nsasl = \"external\"\n[broker.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            files.ca.display(),
+            files.client_cert.display(),
+            files.client_key.display()
+        ),
+    )?;
+    let loaded = Config::load(&config.0)?;
+    assert_eq!(loaded.broker.credentials.mechanism, SaslMechanism::External);
+    let output = tokio::process::Command::new(crate::process::wharf_binary())
+        .args(["send", "--config"])
+        .arg(&config.0)
+        .args(["--address", &queue, "hello over mutual TLS"])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "wharf send: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut client = Client::connect(&plain_url()).await?;
+    let mut watcher = client.watch(&queue).await?;
+    let (_, message) = watcher.next().await?;
+    assert_eq!(crate::client::body_text(&message), "hello over mutual TLS");
+    watcher.close().await;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn scram_logs_in_without_sending_the_password() -> anyhow::Result<()> {
+    let user = unique("scram").replace('.', "");
+    let password = unique("pw").replace('.', "");
+    add_scram_user(&user, &password)?;
+    for mechanism in ["scram-sha-256", "scram-sha-512"] {
+        handled_over(
+            &format!("amqp://{user}:{password}@127.0.0.1:{SCRAM_PORT}"),
+            &format!("sasl = \"{mechanism}\"\n"),
+        )
+        .await
+        .with_context(|| mechanism.to_owned())?;
+    }
+    let url = format!("amqp://{user}:wrong-{password}@127.0.0.1:{SCRAM_PORT}");
+    let mut broker = Broker::at(&url);
+    broker.credentials.mechanism = SaslMechanism::ScramSha256;
+    let endpoint = Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
+    let refused = BrokerConnection::open(&endpoint, &ConnectOptions::of(&broker))
+        .await
+        .err()
+        .context("a wrong password was accepted")?;
+    println!("SCRAM with a wrong password: {refused}");
+    Ok(())
+}
