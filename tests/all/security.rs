@@ -156,7 +156,7 @@ impl Logged {
 }
 
 /// A GET with an optional bearer token: the status line and the body.
-async fn get(
+pub(crate) async fn get(
     address: std::net::SocketAddr,
     path: &str,
     token: Option<&str>,

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use wharf::config::Config;
 use wharf::events::Event;
 use wharf::settlement::Disposition;
@@ -253,15 +252,7 @@ pub(crate) async fn http_get(
     address: std::net::SocketAddr,
     path: &str,
 ) -> anyhow::Result<(String, String)> {
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: wharf\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.lines().next().unwrap_or_default().to_owned();
-    Ok((status, body.to_owned()))
+    crate::security::get(address, path, None).await
 }
 
 /// The value of the series `name{labels}` in a Prometheus text page (0 when

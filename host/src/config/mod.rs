@@ -119,7 +119,7 @@ pub struct Admin {
 }
 
 /// Where the broker is and how to stay connected to it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Broker {
     /// `amqp://user:password@host:port`: one node, or several of a cluster
     /// in the order to try them; a reconnect moves on to the next.
@@ -186,6 +186,18 @@ impl Broker {
             .map(|url| crate::broker::redact(url))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// Passwords in URLs hidden, as everywhere else.
+impl fmt::Debug for Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Broker")
+            .field("urls", &self.display())
+            .field("container_id", &self.container_id)
+            .field("credentials", &self.credentials)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
     }
 }
 

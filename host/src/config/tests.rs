@@ -330,6 +330,10 @@ reconnect_max = "10s"
         broker.display(),
         "amqp://u:***@node-a:5672, amqp://u:***@node-b:5672"
     );
+    assert!(
+        !format!("{config:?}").contains("u:p@"),
+        "Debug hides passwords"
+    );
 }
 
 #[test]
