@@ -93,12 +93,24 @@ async fn main() -> anyhow::Result<()> {
                 sandbox.slots().clone(),
             ))
         };
-        let fresh = per_delivery(&instances(InstancePolicy::PerDelivery)).await?;
         let reuse = InstancePolicy::Reuse {
             max_uses: u32::MAX,
             max_idle: Duration::from_secs(3600),
         };
-        let reused = per_delivery(&instances(reuse)).await?;
+        // A handler that fails is a finding to report, not a reason to
+        // leave the other languages unmeasured.
+        let measured = async {
+            let fresh = per_delivery(&instances(InstancePolicy::PerDelivery)).await?;
+            anyhow::Ok((fresh, per_delivery(&instances(reuse)).await?))
+        };
+        let (fresh, reused) = match measured.await {
+            Ok(costs) => costs,
+            Err(e) => {
+                let error = format!("{e:#}");
+                println!("{language}: {}", error.lines().next().unwrap_or_default());
+                continue;
+            }
+        };
         rows.push(Row {
             language,
             size: std::fs::metadata(&path)?.len(),
@@ -141,7 +153,9 @@ async fn per_delivery(instances: &Arc<Instances>) -> anyhow::Result<Costs> {
     let started = Instant::now();
     while times.len() < MIN_DELIVERIES || started.elapsed() < MEASURE_FOR {
         let call_started = Instant::now();
-        call(instances, &delivery).await?;
+        call(instances, &delivery)
+            .await
+            .map_err(|e| e.context(format!("delivery {} of the measurement", times.len() + 1)))?;
         times.push(call_started.elapsed());
     }
     let mean = times.iter().sum::<Duration>() / u32::try_from(times.len()).unwrap_or(u32::MAX);
