@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use wasmtime::{Store, UpdateDeadline};
+use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::bindings::Handler;
 use super::cpu::CpuLane;
@@ -320,7 +320,38 @@ impl Instances {
     }
 
     async fn run(&self, instance: &mut Instance, delivery: &Delivery) -> Result<Outcome, Failure> {
-        let timeout = self.limits.timeout;
+        let kept = instance.handler.is_some();
+        let result = match self.run_once(instance, delivery).await {
+            // A kept instance whose runtime called out while its arguments
+            // were being lowered (Go's collector reads the clock inside
+            // `cabi_realloc`, which the component model forbids) failed
+            // through no fault of the handler: once more on a fresh one.
+            Err(e)
+                if kept && matches!(e.downcast_ref::<Trap>(), Some(Trap::CannotLeaveComponent)) =>
+            {
+                tracing::debug!(error = ?e, "a kept instance could not take its delivery; trying a fresh one");
+                let deadline = instance.store.data().deadline;
+                instance.store = self.store();
+                instance.handler = None;
+                instance.uses = 0;
+                instance.store.data_mut().begin_call(deadline);
+                instance.store.set_epoch_deadline(1);
+                self.run_once(instance, delivery).await
+            }
+            other => other,
+        };
+        result.map_err(|e| match instance.handler {
+            None => Failure::classify(&e, self.limits.timeout, Failure::Instantiate),
+            Some(_) => Failure::classify(&e, self.limits.timeout, Failure::Trap),
+        })
+    }
+
+    /// Instantiates the instance if it is fresh, then calls its handler.
+    async fn run_once(
+        &self,
+        instance: &mut Instance,
+        delivery: &Delivery,
+    ) -> wasmtime::Result<Outcome> {
         let Instance { store, handler, .. } = instance;
         let handler = match handler {
             Some(handler) => handler,
@@ -329,14 +360,10 @@ impl Instances {
                     .compiled
                     .pre
                     .instantiate_async(&mut *store)
-                    .await
-                    .map_err(|e| Failure::classify(&e, timeout, Failure::Instantiate))?,
+                    .await?,
             ),
         };
-        handler
-            .call_handle(&mut *store, delivery)
-            .await
-            .map_err(|e| Failure::classify(&e, timeout, Failure::Trap))
+        handler.call_handle(&mut *store, delivery).await
     }
 
     /// Drops instances unused for longer than the policy's `max_idle`.
@@ -372,6 +399,19 @@ impl Instances {
     }
 
     fn fresh(&self, memory: Option<OwnedSemaphorePermit>, slot: SlotPermit) -> Instance {
+        Instance {
+            store: self.store(),
+            handler: None,
+            uses: 0,
+            // Set when the instance is kept; a fresh one has not idled.
+            idle_since: self.created,
+            memory,
+            _slot: slot,
+        }
+    }
+
+    /// A store for a fresh instance, under the mount's limits.
+    fn store(&self) -> Store<StoreState> {
         let compiled = &self.module.compiled;
         let state = StoreState::new(self.setup.clone(), self.limits.memory, self.lane.clone());
         let mut store = Store::new(&compiled.engine, state);
@@ -388,15 +428,7 @@ impl Instances {
                 Some(turn) => UpdateDeadline::YieldCustom(1, turn),
             })
         });
-        Instance {
-            store,
-            handler: None,
-            uses: 0,
-            // Set when the instance is kept; a fresh one has not idled.
-            idle_since: self.created,
-            memory,
-            _slot: slot,
-        }
+        store
     }
 
     fn idle_list(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
