@@ -144,7 +144,7 @@ impl BrokerConnection {
             (None, "amqp") => None,
             _ => {
                 return Err(fail(ConnectFailure::Unsupported(format!(
-                    "`{}` URLs need the broker's TLS settings",
+                    "`{}://` does not match the broker's TLS settings (TLS goes with `amqps://`)",
                     endpoint.scheme
                 ))));
             }
