@@ -170,11 +170,18 @@ impl BrokerConnection {
                     let stream = tls::handshake(config, server_name, stream)
                         .await
                         .map_err(ConnectFailure::Tls)?;
-                    builder.open_with_secured_stream(stream).await
+                    builder.open_with_secured_stream(stream).await.map_err(|e| {
+                        match tls::refused_certificate(&e) {
+                            Some(refused) => ConnectFailure::Tls(refused),
+                            None => ConnectFailure::Open(e),
+                        }
+                    })
                 }
-                None => builder.open_with_stream(stream).await,
+                None => builder
+                    .open_with_stream(stream)
+                    .await
+                    .map_err(ConnectFailure::Open),
             }
-            .map_err(ConnectFailure::Open)
         };
         let handle = tokio::time::timeout(options.connect_timeout, opening)
             .await

@@ -163,3 +163,36 @@ fn explain(error: io::Error, server_name: &str) -> io::Error {
         format!("TLS handshake failed: {why}"),
     )
 }
+
+/// The broker's TLS alert about wharf's client certificate, in words, when
+/// `error` is one: with TLS 1.3 it arrives after the handshake, as the
+/// AMQP open reads its first bytes.
+pub fn refused_certificate(error: &fe2o3_amqp::connection::OpenError) -> Option<io::Error> {
+    use rustls::AlertDescription as Alert;
+    let fe2o3_amqp::connection::OpenError::Io(io) = error else {
+        return None;
+    };
+    let Some(rustls::Error::AlertReceived(alert)) =
+        io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>())
+    else {
+        return None;
+    };
+    matches!(
+        alert,
+        Alert::BadCertificate
+            | Alert::CertificateRequired
+            | Alert::CertificateUnknown
+            | Alert::CertificateExpired
+            | Alert::CertificateRevoked
+            | Alert::UnknownCA
+            | Alert::AccessDenied
+    )
+    .then(|| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "TLS: the broker refused wharf's client certificate, or its absence ({alert:?}; see `tls.cert_file`)"
+            ),
+        )
+    })
+}
