@@ -27,11 +27,6 @@ use wharf::events::Event;
 use wharf_tests::client::Client;
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
-/// The `wharf` binary's allocator, so the host measured here allocates as
-/// it does in production.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Messages per throughput measurement (`WHARF_BENCH_MESSAGES` overrides).
 fn messages() -> usize {
     std::env::var("WHARF_BENCH_MESSAGES")
