@@ -270,3 +270,47 @@ async fn every_mount_of_many_learns_its_queue_kind() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn anonymous_login_works_where_the_broker_allows_it_and_is_refused_elsewhere()
+-> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    // RabbitMQ 4 maps ANONYMOUS to its `anonymous_login_user` (guest, from
+    // loopback); the test Artemis requires a login.
+    let anonymous = rabbitmq4_url().replace("guest:guest@", "");
+    let config = wharf::config::Config::parse(
+        &config_text(&anonymous, &[]),
+        &crate::repo_root().join("anonymous.toml"),
+    )?;
+    assert_eq!(
+        config.broker.credentials.mechanism,
+        wharf::config::SaslMechanism::Anonymous
+    );
+    let q = unique("rmq4-anonymous");
+    let mut host = TestHost::start(&anonymous, &[MountToml::new("m", "ack", &q)]).await?;
+    let mut client = Client::connect(&rabbitmq4_url()).await?;
+    let id = unique("anonymous");
+    client
+        .publish(&q, TestMessage::new(&id, "anonymous"))
+        .await?;
+    host.handled(&id).await?;
+    client.close().await;
+    host.stop().await?;
+    delete(&q).await?;
+
+    let artemis = crate::artemis_url().replace("admin:admin@", "");
+    let endpoint = wharf::broker::Endpoint::parse(&artemis).map_err(anyhow::Error::msg)?;
+    let options = wharf::broker::ConnectOptions::of(&wharf::config::Broker::at(&artemis));
+    // Artemis refuses at the open or, as it does, at the first session.
+    let refused = match wharf::broker::BrokerConnection::open(&endpoint, &options).await {
+        Err(e) => e.to_string(),
+        Ok(mut connection) => {
+            let begun = connection.begin_session().await;
+            connection.close(std::time::Duration::from_secs(5)).await;
+            begun.err().map(|e| e.to_string()).unwrap_or_default()
+        }
+    };
+    println!("ANONYMOUS to Artemis with logins required: {refused}");
+    assert!(refused.contains("Unable to validate user"), "{refused}");
+    Ok(())
+}
