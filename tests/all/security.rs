@@ -272,8 +272,17 @@ async fn no_secret_reaches_a_log_an_error_a_metric_or_check() -> anyhow::Result<
     refused.wait_for("cannot reach the broker").await?;
     let log = refused.stop().await?;
     assert_no_secret(&user, "the log of a refused wharf run", &log);
+
+    // The events stream: a mount that cannot log in says why.
+    let config = Config::parse(&wrong, &repo_root().join("leak.toml"))?;
+    let mut host = crate::TestHost::start_unattached(config).await?;
+    let down = host
+        .next(|e| matches!(e, wharf::events::Event::MountDown { .. }).then(|| format!("{e:?}")))
+        .await?;
+    assert_no_secret(&user, "a MountDown event", &down);
+    host.stop().await?;
     println!(
-        "no password in: 5 wharf check runs, 2 wharf run logs, /metrics, /readyz, /healthz, 2 wharf send runs"
+        "no password in: 5 wharf check runs, 2 wharf run logs, /metrics, /readyz, /healthz, 2 wharf send runs, a MountDown event"
     );
     client.close().await;
     Ok(())
