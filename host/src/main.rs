@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
-use wharf::config::{Broker, Config, SaslMechanism, is_loopback};
+use wharf::config::{Broker, Config, SaslMechanism};
 use wharf::sandbox::{Grants, Output};
 
 #[derive(Parser)]
@@ -262,8 +262,7 @@ fn send_broker(
         let broker = Broker::at(&url);
         let endpoint = Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
         if broker.credentials.mechanism == SaslMechanism::Plain
-            && endpoint.scheme == "amqp"
-            && !is_loopback(&endpoint.host)
+            && endpoint.in_clear_across_network()
         {
             anyhow::bail!(
                 "`{endpoint}`: the password would cross the network without TLS; use amqps://, or --config with `allow_plain_without_tls = true`"

@@ -1,6 +1,7 @@
 //! A broker node as a URL says it: where it is and who to log in as.
 
 use std::fmt;
+use std::net::IpAddr;
 
 use url::Url;
 
@@ -56,6 +57,17 @@ impl Endpoint {
             user,
             password,
         })
+    }
+}
+
+impl Endpoint {
+    /// Whether a connection to it crosses a network unencrypted: an
+    /// `amqp://` URL to another machine (on this one a password in the
+    /// clear goes nowhere).
+    pub fn in_clear_across_network(&self) -> bool {
+        let loopback = self.host.eq_ignore_ascii_case("localhost")
+            || self.host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        self.scheme == "amqp" && !loopback
     }
 }
 

@@ -18,7 +18,7 @@ use toml::Spanned;
 
 use crate::backoff::BackoffPolicy;
 use crate::sandbox::{Grants, InstancePolicy, Output};
-pub use security::{Credentials, SaslMechanism, Secret, TlsFiles, is_loopback};
+pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_duration, parse_size};
 
 /// A configuration that could not be loaded.

@@ -3,7 +3,6 @@
 //! environment, so a config can be committed and its secrets mounted.
 
 use std::fmt;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -121,13 +120,6 @@ impl Credentials {
             allow_plain_without_tls: false,
         }
     }
-}
-
-/// Whether `host` is this machine, where a password in the clear does not
-/// cross a network.
-pub fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `text` with every quoted value (`"..."`, `'...'`, up to the closing
@@ -302,18 +294,16 @@ impl Checker<'_> {
                 ),
             ));
         }
-        if mechanism == SaslMechanism::Plain && !raw.allow_plain_without_tls {
-            let exposed = endpoints
-                .iter()
-                .find(|e| e.scheme == "amqp" && !is_loopback(&e.host));
-            if let Some(endpoint) = exposed {
-                return Err(self.invalid(
-                    &at,
-                    format!(
-                        "{here}: SASL PLAIN would send the password to `{endpoint}` without TLS; use `amqps://`, or set `allow_plain_without_tls = true`"
-                    ),
-                ));
-            }
+        if mechanism == SaslMechanism::Plain
+            && !raw.allow_plain_without_tls
+            && let Some(endpoint) = endpoints.iter().find(|e| e.in_clear_across_network())
+        {
+            return Err(self.invalid(
+                &at,
+                format!(
+                    "{here}: SASL PLAIN would send the password to `{endpoint}` without TLS; use `amqps://`, or set `allow_plain_without_tls = true`"
+                ),
+            ));
         }
         Ok((
             Credentials {

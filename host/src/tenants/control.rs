@@ -19,7 +19,7 @@ use super::reload::{self, Change, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
-use crate::config::{Broker, Config, Mount, SaslMechanism, Tenant, is_loopback};
+use crate::config::{Broker, Config, Mount, SaslMechanism, Tenant};
 use crate::events::{ConfigChange, Event};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Sandbox};
 
@@ -76,9 +76,7 @@ fn pool(broker: &Broker) -> BrokerPool {
         .collect();
     if broker.credentials.mechanism == SaslMechanism::Plain
         && broker.credentials.allow_plain_without_tls
-        && let Some(exposed) = endpoints
-            .iter()
-            .find(|e| e.scheme == "amqp" && !is_loopback(&e.host))
+        && let Some(exposed) = endpoints.iter().find(|e| e.in_clear_across_network())
     {
         tracing::warn!(
             broker = %exposed,
