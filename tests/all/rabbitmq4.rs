@@ -298,18 +298,9 @@ async fn anonymous_login_works_where_the_broker_allows_it_and_is_refused_elsewhe
     host.stop().await?;
     delete(&q).await?;
 
+    // Artemis refuses it at the first session, after the open.
     let artemis = crate::artemis_url().replace("admin:admin@", "");
-    let endpoint = wharf::broker::Endpoint::parse(&artemis).map_err(anyhow::Error::msg)?;
-    let options = wharf::broker::ConnectOptions::of(&wharf::config::Broker::at(&artemis));
-    // Artemis refuses at the open or, as it does, at the first session.
-    let refused = match wharf::broker::BrokerConnection::open(&endpoint, &options).await {
-        Err(e) => e.to_string(),
-        Ok(mut connection) => {
-            let begun = connection.begin_session().await;
-            connection.close(std::time::Duration::from_secs(5)).await;
-            begun.err().map(|e| e.to_string()).unwrap_or_default()
-        }
-    };
+    let refused = crate::tls::refusal(wharf::config::Broker::at(&artemis)).await?;
     println!("ANONYMOUS to Artemis with logins required: {refused}");
     assert!(refused.contains("Unable to validate user"), "{refused}");
     Ok(())

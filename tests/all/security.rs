@@ -2,7 +2,7 @@
 //! `wharf check`; the admin endpoint wants its token and outlasts clients
 //! that never finish; TLS to the broker (see `tls.rs` for the TLS broker).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
 use wharf::config::Config;
 
+use crate::artemis_users;
 use crate::client::{Client, TestMessage};
 use crate::process::{TempFile, wharf_binary};
 use crate::{DEADLINE, MountToml, artemis_url, config_text, repo_root, unique};
@@ -22,11 +23,6 @@ struct ArtemisUser {
     password: String,
 }
 
-fn artemis_etc() -> PathBuf {
-    let cache = std::env::var("WHARF_CACHE").unwrap_or_else(|_| "/var/cache/wharf".into());
-    PathBuf::from(cache).join("artemis/instance-2.40.0/etc")
-}
-
 impl ArtemisUser {
     fn add() -> anyhow::Result<ArtemisUser> {
         let tag = unique("").replace('.', "");
@@ -35,56 +31,39 @@ impl ArtemisUser {
             name: format!("leak{tag}"),
             password: format!("Pw{tag}:s3cr@t"),
         };
-        let etc = artemis_etc();
-        edit(&etc.join("artemis-users.properties"), |text| {
-            format!("{}\n{} = {}\n", text.trim_end(), user.name, user.password)
-        })?;
-        edit(&etc.join("artemis-roles.properties"), |text| {
-            text.replacen("amq = admin", &format!("amq = admin,{}", user.name), 1)
-        })?;
+        let credentials = format!("{} = {}\n", user.name, user.password);
+        artemis_users::add(&artemis_users::etc(""), &user.name, &credentials)?;
         Ok(user)
     }
 
-    /// `amqp://user:password@127.0.0.1:5672`, the password percent-encoded.
-    fn url(&self) -> String {
-        let encoded = self
-            .password
+    /// The password as a URL carries it: `%`, `:` and `@` percent-encoded.
+    fn encoded(&self) -> String {
+        self.password
             .replace('%', "%25")
             .replace(':', "%3A")
-            .replace('@', "%40");
-        format!("amqp://{}:{encoded}@127.0.0.1:5672", self.name)
+            .replace('@', "%40")
+    }
+
+    /// `amqp://user:password@127.0.0.1:5672`.
+    fn url(&self) -> String {
+        format!("amqp://{}:{}@127.0.0.1:5672", self.name, self.encoded())
     }
 
     /// Every form the password could leak in.
     fn forms(&self) -> [String; 2] {
-        let encoded = self.password.replace(':', "%3A").replace('@', "%40");
-        [self.password.clone(), encoded]
+        [self.password.clone(), self.encoded()]
     }
 }
 
 impl Drop for ArtemisUser {
     fn drop(&mut self) {
-        let etc = artemis_etc();
-        let name = self.name.clone();
-        let _ = edit(&etc.join("artemis-users.properties"), |text| {
-            text.lines()
-                .filter(|line| !line.starts_with(&format!("{name} = ")))
-                .map(|line| format!("{line}\n"))
-                .collect()
-        });
-        let _ = edit(&etc.join("artemis-roles.properties"), |text| {
-            text.replace(&format!(",{name}"), "")
-        });
+        let _ = artemis_users::remove(&artemis_users::etc(""), &self.name);
     }
 }
 
-fn edit(path: &Path, change: impl FnOnce(&str) -> String) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    std::fs::write(path, change(&text)).with_context(|| path.display().to_string())
-}
-
-/// Runs `wharf ARGS` to its end; what it printed on stdout and stderr.
-async fn wharf(args: &[&str]) -> anyhow::Result<(bool, String)> {
+/// Runs `wharf ARGS` to its end: whether it succeeded, and what it printed
+/// on stdout and stderr.
+pub(crate) async fn wharf(args: &[&str]) -> anyhow::Result<(bool, String)> {
     let output = tokio::time::timeout(
         DEADLINE,
         Command::new(wharf_binary())

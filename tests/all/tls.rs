@@ -67,18 +67,31 @@ async fn mutual_tls_logs_in_with_external_by_the_client_certificate() -> anyhow:
 }
 
 /// Opens a connection as the host would; the error's text when it fails.
-async fn refusal(url: &str, tls: TlsFiles) -> anyhow::Result<String> {
+/// Connects as the host would to `broker`'s first node and begins a
+/// session (some brokers refuse a login only there): the error's text, or
+/// an error when the broker took it all.
+pub(crate) async fn refusal(mut broker: Broker) -> anyhow::Result<String> {
+    broker.connect_timeout = Duration::from_secs(20);
+    let url = broker.urls.first().context("a broker URL")?;
+    let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
+    let mut connection = match BrokerConnection::open(&endpoint, &ConnectOptions::of(&broker)).await
+    {
+        Ok(connection) => connection,
+        Err(e) => return Ok(e.to_string()),
+    };
+    let begun = connection.begin_session().await;
+    connection.close(Duration::from_secs(5)).await;
+    match begun {
+        Ok(_) => anyhow::bail!("{endpoint} was accepted"),
+        Err(e) => Ok(e.to_string()),
+    }
+}
+
+/// [`refusal`] of the broker at `url` over TLS with `tls`.
+async fn tls_refusal(url: &str, tls: TlsFiles) -> anyhow::Result<String> {
     let mut broker = Broker::at(url);
     broker.tls = Some(tls);
-    broker.connect_timeout = Duration::from_secs(20);
-    let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
-    match BrokerConnection::open(&endpoint, &ConnectOptions::of(&broker)).await {
-        Ok(connection) => {
-            connection.close(Duration::from_secs(5)).await;
-            anyhow::bail!("{url} was accepted")
-        }
-        Err(e) => Ok(format!("{e}")),
-    }
+    refusal(broker).await
 }
 
 #[tokio::test]
@@ -90,14 +103,14 @@ async fn certificates_wharf_must_not_trust_are_refused_saying_why() -> anyhow::R
     };
     let tls = format!("amqps://admin:admin@127.0.0.1:{TLS_PORT}");
 
-    let unknown_ca = refusal(&tls, trusting(&files.other_ca)).await?;
+    let unknown_ca = tls_refusal(&tls, trusting(&files.other_ca)).await?;
     println!("a CA wharf does not trust: {unknown_ca}");
     assert!(
         unknown_ca.contains("not signed by a CA wharf trusts"),
         "{unknown_ca}"
     );
 
-    let expired = refusal(
+    let expired = tls_refusal(
         &format!("amqps://admin:admin@127.0.0.1:{EXPIRED_PORT}"),
         trusting(&files.ca),
     )
@@ -105,7 +118,7 @@ async fn certificates_wharf_must_not_trust_are_refused_saying_why() -> anyhow::R
     println!("an expired certificate: {expired}");
     assert!(expired.contains("has expired"), "{expired}");
 
-    let wrong_name = refusal(
+    let wrong_name = tls_refusal(
         &tls,
         TlsFiles {
             server_name: Some("broker.example".into()),
@@ -119,11 +132,11 @@ async fn certificates_wharf_must_not_trust_are_refused_saying_why() -> anyhow::R
         "{wrong_name}"
     );
 
-    let platform_roots = refusal(&tls, TlsFiles::default()).await?;
+    let platform_roots = tls_refusal(&tls, TlsFiles::default()).await?;
     println!("the platform's CAs only: {platform_roots}");
     assert!(platform_roots.contains("TLS"), "{platform_roots}");
 
-    let no_client_certificate = refusal(
+    let no_client_certificate = tls_refusal(
         &format!("amqps://admin:admin@127.0.0.1:{MUTUAL_TLS_PORT}"),
         trusting(&files.ca),
     )
@@ -151,17 +164,16 @@ async fn wharf_send_publishes_over_tls_with_a_configs_broker() -> anyhow::Result
     )?;
     let loaded = Config::load(&config.0)?;
     assert_eq!(loaded.broker.credentials.mechanism, SaslMechanism::External);
-    let output = tokio::process::Command::new(crate::process::wharf_binary())
-        .args(["send", "--config"])
-        .arg(&config.0)
-        .args(["--address", &queue, "hello over mutual TLS"])
-        .output()
-        .await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "wharf send: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (sent, output) = crate::security::wharf(&[
+        "send",
+        "--config",
+        config.0.to_str().context("path")?,
+        "--address",
+        &queue,
+        "hello over mutual TLS",
+    ])
+    .await?;
+    anyhow::ensure!(sent, "wharf send: {output}");
     let mut client = Client::connect(&plain_url()).await?;
     let mut watcher = client.watch(&queue).await?;
     let (_, message) = watcher.next().await?;
@@ -184,14 +196,11 @@ async fn scram_logs_in_without_sending_the_password() -> anyhow::Result<()> {
         .await
         .with_context(|| mechanism.to_owned())?;
     }
-    let url = format!("amqp://{user}:wrong-{password}@127.0.0.1:{SCRAM_PORT}");
-    let mut broker = Broker::at(&url);
+    let mut broker = Broker::at(&format!(
+        "amqp://{user}:wrong-{password}@127.0.0.1:{SCRAM_PORT}"
+    ));
     broker.credentials.mechanism = SaslMechanism::ScramSha256;
-    let endpoint = Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
-    let refused = BrokerConnection::open(&endpoint, &ConnectOptions::of(&broker))
-        .await
-        .err()
-        .context("a wrong password was accepted")?;
+    let refused = refusal(broker).await?;
     println!("SCRAM with a wrong password: {refused}");
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! `WHARF_RABBITMQ4_URL` (default `amqp://guest:guest@127.0.0.1:5674`). Guest components come from
 //! `build/guests` (`scripts/build-guests`).
 
+pub mod artemis_users;
 pub mod client;
 pub mod process;
 pub mod proxy;

@@ -16,6 +16,7 @@ use rcgen::{
     KeyUsagePurpose, date_time_ymd,
 };
 
+use crate::artemis_users::{self, cache};
 use crate::repo_root;
 
 /// The plain AMQP port of the TLS broker.
@@ -28,10 +29,6 @@ pub const MUTUAL_TLS_PORT: u16 = PLAIN_PORT + 2;
 pub const EXPIRED_PORT: u16 = PLAIN_PORT + 3;
 /// No TLS; SASL SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN.
 pub const SCRAM_PORT: u16 = PLAIN_PORT + 4;
-
-fn cache() -> PathBuf {
-    PathBuf::from(std::env::var("WHARF_CACHE").unwrap_or_else(|_| "/var/cache/wharf".into()))
-}
 
 /// Adds a user who logs in with SCRAM (both hashes) and has the role
 /// `amq`; the broker re-reads its user files on the next login.
@@ -56,17 +53,7 @@ pub fn add_scram_user(user: &str, password: &str) -> anyhow::Result<()> {
         .map(|line| format!("{line}\n"))
         .collect();
     anyhow::ensure!(!lines.is_empty(), "no SCRAM credentials printed");
-    let etc = cache().join("artemis/instance-2.40.0-tls/etc");
-    let users = etc.join("artemis-users.properties");
-    let text = std::fs::read_to_string(&users)?;
-    std::fs::write(&users, format!("{}\n{lines}", text.trim_end()))?;
-    let roles = etc.join("artemis-roles.properties");
-    let text = std::fs::read_to_string(&roles)?;
-    std::fs::write(
-        &roles,
-        text.replacen("amq = admin", &format!("amq = admin,{user}"), 1),
-    )?;
-    Ok(())
+    artemis_users::add(&artemis_users::etc("tls"), user, &lines)
 }
 
 /// Where the certificates of the running TLS broker are.
