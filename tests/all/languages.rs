@@ -207,46 +207,13 @@ fn run(command: &mut Command) -> anyhow::Result<Output> {
 /// fresh instance, so no attempt is spent on it.
 #[tokio::test]
 async fn a_kept_go_instance_never_fails_a_delivery_for_its_collector() -> anyhow::Result<()> {
-    use std::sync::Arc;
-    use std::time::Duration;
-    use wharf::authoring::InvokeInput;
-    use wharf::sandbox::{
-        CallLimits, CpuLane, Grants, InstancePolicy, Instances, LogTags, Outcome, PoolSize, Sandbox,
-    };
+    use wharf::sandbox::Outcome;
+    use wharf_tests::sandbox::{KEEP, instances, ok_delivery, sandbox};
 
-    let sandbox = Sandbox::new(PoolSize {
-        instances: 4,
-        max_memory: 64 << 20,
-    })?;
+    let sandbox = sandbox(4)?;
     let module = sandbox.load(&crate::guest("flaky_go"))?;
-    let instances = Arc::new(Instances::new(
-        module,
-        CallLimits {
-            timeout: Duration::from_secs(30),
-            memory: 64 << 20,
-        },
-        InstancePolicy::Reuse {
-            max_uses: u32::MAX,
-            max_idle: Duration::from_secs(3600),
-        },
-        Grants {
-            clocks: true,
-            random: true,
-            ..Grants::default()
-        },
-        Arc::new(LogTags {
-            tenant: "t".into(),
-            mount: "go".into(),
-        }),
-        None,
-        CpuLane::new(),
-        sandbox.slots().clone(),
-    ));
-    let delivery = InvokeInput {
-        body: b"ok".to_vec(),
-        ..InvokeInput::default()
-    }
-    .delivery();
+    let instances = instances(&sandbox, &module, "go", KEEP);
+    let delivery = ok_delivery();
     // One kept instance fails within about 14,000 deliveries without the
     // second try.
     let deliveries = 40_000;

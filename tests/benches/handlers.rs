@@ -10,11 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wharf::authoring::InvokeInput;
-use wharf::sandbox::{
-    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Outcome, PoolSize,
-    Sandbox,
-};
+use wharf::sandbox::{Delivery, InstancePolicy, Instances, Outcome};
+use wharf_tests::sandbox::{KEEP, instances, ok_delivery, sandbox};
 
 /// The example handlers, by language.
 const GUESTS: &[(&str, &str)] = &[
@@ -63,45 +60,16 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         // A sandbox per language, so each compile is cold.
-        let sandbox = Sandbox::new(PoolSize {
-            instances: 16,
-            max_memory: 256 << 20,
-        })?;
+        let sandbox = sandbox(16)?;
         let started = Instant::now();
         let module = sandbox.load(&path)?;
         let compile = started.elapsed();
-        let instances = |policy| {
-            Arc::new(Instances::new(
-                module.clone(),
-                CallLimits {
-                    timeout: Duration::from_secs(30),
-                    memory: 256 << 20,
-                },
-                policy,
-                // Every toolchain's runtime may read clocks and random.
-                Grants {
-                    clocks: true,
-                    random: true,
-                    ..Grants::default()
-                },
-                Arc::new(LogTags {
-                    tenant: "bench".into(),
-                    mount: name.into(),
-                }),
-                None,
-                CpuLane::new(),
-                sandbox.slots().clone(),
-            ))
-        };
-        let reuse = InstancePolicy::Reuse {
-            max_uses: u32::MAX,
-            max_idle: Duration::from_secs(3600),
-        };
+        let instances = |policy| instances(&sandbox, &module, name, policy);
         // A handler that fails is a finding to report, not a reason to
         // leave the other languages unmeasured.
         let measured = async {
             let fresh = per_delivery(&instances(InstancePolicy::PerDelivery)).await?;
-            anyhow::Ok((fresh, per_delivery(&instances(reuse)).await?))
+            anyhow::Ok((fresh, per_delivery(&instances(KEEP)).await?))
         };
         let (fresh, reused) = match measured.await {
             Ok(costs) => costs,
@@ -147,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
 /// The cost of one delivery (reserve, instantiate when fresh, call,
 /// drop), after a warm-up delivery.
 async fn per_delivery(instances: &Arc<Instances>) -> anyhow::Result<Costs> {
-    let delivery = delivery();
+    let delivery = ok_delivery();
     call(instances, &delivery).await?;
     let mut times = Vec::new();
     let started = Instant::now();
@@ -172,12 +140,4 @@ async fn call(instances: &Arc<Instances>, delivery: &Delivery) -> anyhow::Result
         Ok(Outcome::Ack) => Ok(()),
         other => anyhow::bail!("expected ack, got {other:?}"),
     }
-}
-
-fn delivery() -> Delivery {
-    InvokeInput {
-        body: b"ok".to_vec(),
-        ..InvokeInput::default()
-    }
-    .delivery()
 }

@@ -13,6 +13,7 @@ pub mod client;
 pub mod process;
 pub mod proxy;
 pub mod rabbitmq4;
+pub mod sandbox;
 pub mod scenarios;
 pub mod tls_broker;
 
