@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::broadcast::error::RecvError;
+
 use wharf::config::Config;
 use wharf::events::Event;
 use wharf::settlement::Disposition;
@@ -66,44 +68,69 @@ impl Tally {
     }
 }
 
-/// Counts accepted deliveries by message id in the background, from a
-/// subscription of its own, so a test busy elsewhere (restarting a broker)
-/// never falls behind the event stream.
+/// Counts accepted deliveries by message id on a thread of its own, so
+/// neither a test busy elsewhere (restarting a broker) nor a host running
+/// on the test's runtime keeps it from reading the event stream.
 struct Counter {
-    handled: Arc<Mutex<BTreeMap<String, usize>>>,
-    task: tokio::task::JoinHandle<()>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    handled: BTreeMap<String, usize>,
+    /// Events the stream dropped before the counter read them: a tally with
+    /// any is no proof.
+    missed: u64,
 }
 
 impl Counter {
     fn start(host: &TestHost) -> Counter {
         let mut events = host.host().subscribe();
-        let handled = Arc::new(Mutex::new(BTreeMap::new()));
-        let counts = handled.clone();
-        let task = tokio::spawn(async move {
-            while let Ok(event) = events.recv().await {
-                if let Event::Handled(h) = event
-                    && h.disposition == Some(Disposition::Accepted)
-                    && let Some(id) = h.message_id
-                {
-                    *counts.lock().expect("counter").entry(id).or_default() += 1;
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let counts = seen.clone();
+        // Ends when the host drops the stream.
+        std::thread::spawn(move || {
+            loop {
+                match events.blocking_recv() {
+                    Ok(Event::Handled(h)) => {
+                        if h.disposition == Some(Disposition::Accepted)
+                            && let Some(id) = h.message_id
+                        {
+                            *counts
+                                .lock()
+                                .expect("counter")
+                                .handled
+                                .entry(id)
+                                .or_default() += 1;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(n)) => counts.lock().expect("counter").missed += n,
+                    Err(RecvError::Closed) => break,
                 }
             }
         });
-        Counter { handled, task }
+        Counter { seen }
     }
 
-    fn count(&self) -> usize {
-        self.handled.lock().expect("counter").len()
+    fn count(&self) -> anyhow::Result<usize> {
+        let seen = self.seen.lock().expect("counter");
+        anyhow::ensure!(
+            seen.missed == 0,
+            "the counter fell {} events behind the host",
+            seen.missed
+        );
+        Ok(seen.handled.len())
     }
 
     /// Waits until `n` distinct messages were accepted.
     async fn wait_for(&self, n: usize) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
-        while self.count() < n {
+        while self.count()? < n {
             anyhow::ensure!(
                 tokio::time::Instant::now() < deadline,
                 "only {} of {n} messages handled in time",
-                self.count()
+                self.count()?
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -111,8 +138,7 @@ impl Counter {
     }
 
     fn tally(self, sent: usize) -> Tally {
-        self.task.abort();
-        let handled = self.handled.lock().expect("counter").clone();
+        let handled = self.seen.lock().expect("counter").handled.clone();
         Tally { sent, handled }
     }
 }
@@ -374,12 +400,20 @@ async fn a_broker_restart_mid_stream_loses_nothing() -> anyhow::Result<()> {
     client
         .publish_many(
             &q,
-            all.iter()
-                .map(|id| TestMessage::new(id, "x").header(0).build()),
+            all.iter().map(|id| {
+                TestMessage::new(id, "x")
+                    .header(0)
+                    .script("*:busy=1")
+                    .build()
+            }),
         )
         .await?;
     client.close().await;
-    let mut text = config_text(&url, &[MountToml::new("m", "fixture_script", &q)]);
+    // A millisecond of work each, so the stop falls mid-stream.
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("[tenant.mount.grants]")
+        .with("clocks = true");
+    let mut text = config_text(&url, &[mount]);
     text = text.replacen(
         "[host]",
         "reconnect_initial = \"100ms\"\nreconnect_max = \"1s\"\n[host]",
@@ -392,7 +426,7 @@ async fn a_broker_restart_mid_stream_loses_nothing() -> anyhow::Result<()> {
     // A clean stop and start mid-stream: the journal keeps every durable
     // message not yet accepted.
     restartable_artemis("stop").await?;
-    let at_stop = counter.count();
+    let at_stop = counter.count()?;
     restartable_artemis("start").await?;
     counter.wait_for(all.len()).await?;
     let mut client = Client::connect(&url).await?;
