@@ -13,7 +13,7 @@ use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
 use wharf::config::{Broker, Config, SaslMechanism};
-use wharf::sandbox::{Grants, Output};
+use wharf::sandbox::{AddressPattern, Grants, Output, OutputLimits};
 
 #[derive(Parser)]
 #[command(
@@ -94,6 +94,13 @@ enum Command {
         /// An environment variable the handler may read, `NAME=value`; repeatable.
         #[arg(long = "env", value_parser = parse_property)]
         env: Vec<(String, String)>,
+        /// An address pattern the handler may send to (as `grants.send`);
+        /// repeatable. Nothing is published: the outputs are printed.
+        #[arg(long = "send")]
+        send: Vec<String>,
+        /// The delivery's `reply-to`; grants `reply`.
+        #[arg(long)]
+        reply_to: Option<String>,
     },
     /// Start a handler project: `wharf new --lang go my-handler`.
     New {
@@ -202,6 +209,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             attempt,
             grants,
             env,
+            send,
+            reply_to,
         } => {
             let input = InvokeInput {
                 body: body.into_bytes(),
@@ -212,11 +221,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     random: grants.iter().any(|g| g == "random"),
                     env: env.into_iter().collect(),
                     output: Output::Log,
+                    send: send.into_iter().map(AddressPattern::new).collect(),
+                    reply: reply_to.is_some(),
+                    outputs: OutputLimits::default(),
                 },
+                reply_to,
             };
-            match authoring::invoke(&module, input).await? {
+            let (result, outputs) = authoring::invoke(&module, input).await?;
+            match result {
                 Ok(outcome) => {
                     println!("{}", describe(outcome));
+                    if outcome == wharf::sandbox::Outcome::Ack {
+                        for output in &outputs {
+                            println!("{}", describe_output(output));
+                        }
+                    } else if !outputs.is_empty() {
+                        println!("({} outputs discarded: only ack publishes)", outputs.len());
+                    }
                     Ok(())
                 }
                 Err(failure) => {
@@ -318,6 +339,24 @@ fn describe(outcome: wharf::sandbox::Outcome) -> String {
         Outcome::RetryAfter(ms) => format!("retry-after {ms}ms"),
         Outcome::Drop => "drop".to_owned(),
     }
+}
+
+/// One output as `wharf invoke` prints it: where it goes, its ids, and its
+/// body as text.
+fn describe_output(output: &wharf::sandbox::Outgoing) -> String {
+    let message = &output.message;
+    let mut line = format!("output to `{}`", output.address);
+    if let Some(id) = &message.correlation_id {
+        line += &format!(" correlation-id={id}");
+    }
+    if let Some(subject) = &message.subject {
+        line += &format!(" subject={subject}");
+    }
+    for property in &message.properties {
+        line += &format!(" {}={:?}", property.key, property.value);
+    }
+    line += &format!(": {}", String::from_utf8_lossy(&message.body));
+    line
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {

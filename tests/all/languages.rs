@@ -106,6 +106,7 @@ fn publish_kind(publish: wharf::settlement::Publish) -> &'static str {
     match publish {
         wharf::settlement::Publish::Copy { .. } => "Copy",
         wharf::settlement::Publish::DeadLetter => "DeadLetter",
+        wharf::settlement::Publish::Outputs => "Outputs",
     }
 }
 
@@ -218,7 +219,7 @@ async fn a_kept_go_instance_never_fails_a_delivery_for_its_collector() -> anyhow
     // second try.
     let deliveries = 40_000;
     for n in 0..deliveries {
-        let (result, _) = instances.reserve().await.call(&delivery).await;
+        let result = instances.reserve().await.call(&delivery).await.result;
         anyhow::ensure!(
             matches!(result, Ok(Outcome::Ack)),
             "delivery {n}: {result:?}"

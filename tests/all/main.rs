@@ -6,6 +6,7 @@ mod artemis;
 mod faults;
 mod languages;
 mod limits;
+mod outbox;
 mod poison;
 mod rabbitmq;
 mod rabbitmq4;

@@ -10,7 +10,7 @@ use fe2o3_amqp::link::RecvError;
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{
-    ApplicationProperties, Body, Header, Message, Outcome, Properties,
+    ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -26,6 +26,8 @@ pub struct TestMessage {
     body: String,
     header: Option<u32>,
     properties: Vec<(String, SimpleValue)>,
+    reply_to: Option<String>,
+    correlation_id: Option<String>,
 }
 
 impl TestMessage {
@@ -36,7 +38,21 @@ impl TestMessage {
             body: body.to_owned(),
             header: None,
             properties: Vec::new(),
+            reply_to: None,
+            correlation_id: None,
         }
+    }
+
+    /// Sets `reply-to`.
+    pub fn reply_to(mut self, address: &str) -> TestMessage {
+        self.reply_to = Some(address.to_owned());
+        self
+    }
+
+    /// Sets `correlation-id`.
+    pub fn correlation_id(mut self, id: &str) -> TestMessage {
+        self.correlation_id = Some(id.to_owned());
+        self
     }
 
     /// Gives the message a header section with this delivery-count.
@@ -73,12 +89,14 @@ impl TestMessage {
                 delivery_count,
                 ..Header::default()
             }))
-            .properties(
-                Properties::builder()
+            .properties(Properties {
+                reply_to: self.reply_to.clone(),
+                correlation_id: self.correlation_id.clone().map(MessageId::String),
+                ..Properties::builder()
                     .message_id(self.id.clone())
                     .content_type("text/plain")
-                    .build(),
-            )
+                    .build()
+            })
             .application_properties(properties.build())
             .body(Body::Value(fe2o3_amqp::types::messaging::AmqpValue(
                 Value::String(self.body.clone()),
@@ -368,6 +386,27 @@ pub fn message_id(message: &AmqpMessage) -> Option<String> {
 /// The `x-ruststream-retry-count` of a message.
 pub fn retry_count(message: &AmqpMessage) -> Option<u32> {
     message.counters().retry_count
+}
+
+/// The body's bytes: its `data` sections joined, or an `amqp-value`
+/// string's.
+pub fn body_bytes(message: &AmqpMessage) -> Vec<u8> {
+    match &message.body {
+        Body::Data(sections) => sections.iter().flat_map(|d| d.0.to_vec()).collect(),
+        Body::Value(v) => match &v.0 {
+            Value::String(s) => s.clone().into_bytes(),
+            other => format!("{other:?}").into_bytes(),
+        },
+        other => format!("{other:?}").into_bytes(),
+    }
+}
+
+/// `properties.correlation-id` as text.
+pub fn correlation_id(message: &AmqpMessage) -> Option<String> {
+    match message.properties.as_ref()?.correlation_id.as_ref()? {
+        MessageId::String(s) => Some(s.clone()),
+        other => Some(format!("{other:?}")),
+    }
 }
 
 /// The body as text (an `amqp-value` string).

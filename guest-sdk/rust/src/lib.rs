@@ -43,6 +43,7 @@ pub mod bindings {
     });
 }
 
+pub use bindings::wharf::handler::outbox::{Message, SendError};
 pub use bindings::wharf::handler::types::{Delivery, Outcome, Property, Value};
 
 /// The name of the application property that counts the host's retry copies.
@@ -76,6 +77,104 @@ impl Delivery {
             Value::String(s) => Some(s),
             _ => None,
         }
+    }
+}
+
+impl Message {
+    /// A durable message with `body` and nothing else set.
+    pub fn new(body: impl Into<Vec<u8>>) -> Message {
+        Message {
+            body: body.into(),
+            content_type: None,
+            subject: None,
+            message_id: None,
+            correlation_id: None,
+            properties: Vec::new(),
+            durable: true,
+            delay: None,
+        }
+    }
+
+    /// Sets `content-type`.
+    pub fn with_content_type(mut self, content_type: &str) -> Message {
+        self.content_type = Some(content_type.to_owned());
+        self
+    }
+
+    /// Sets `subject`.
+    pub fn with_subject(mut self, subject: &str) -> Message {
+        self.subject = Some(subject.to_owned());
+        self
+    }
+
+    /// Sets `message-id`; by default the host derives one from the
+    /// delivery's, so a redelivery publishes the same ids.
+    pub fn with_message_id(mut self, id: &str) -> Message {
+        self.message_id = Some(id.to_owned());
+        self
+    }
+
+    /// Sets `correlation-id`.
+    pub fn with_correlation_id(mut self, id: &str) -> Message {
+        self.correlation_id = Some(id.to_owned());
+        self
+    }
+
+    /// Adds an application property.
+    pub fn with_property(mut self, key: &str, value: Value) -> Message {
+        self.properties.push(Property {
+            key: key.to_owned(),
+            value,
+        });
+        self
+    }
+
+    /// Whether the broker keeps it on disk (the default).
+    pub fn with_durable(mut self, durable: bool) -> Message {
+        self.durable = durable;
+        self
+    }
+
+    /// Delivers it no sooner than `delay` after it is published, on brokers
+    /// that schedule messages (Artemis).
+    pub fn with_delay(mut self, delay: Duration) -> Message {
+        self.delay = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+}
+
+/// Publishing from a handler. What a handler sends is published only if it
+/// returns [`Outcome::Ack`], before its delivery is accepted; any other
+/// outcome (or a trap) discards it.
+///
+/// ```no_run
+/// use wharf_guest::{outbox, Delivery, Message, Outcome};
+///
+/// fn handle(d: Delivery) -> Outcome {
+///     let receipt = Message::new(d.body.clone()).with_subject("receipt");
+///     match outbox::send("audit", receipt) {
+///         Ok(()) => Outcome::Ack,
+///         Err(_) => Outcome::Drop,
+///     }
+/// }
+/// # wharf_guest::handler!(handle);
+/// ```
+pub mod outbox {
+    use crate::bindings::wharf::handler::outbox;
+    use crate::{Message, SendError};
+
+    /// Publishes `message` to `address` if the delivery is acknowledged. The
+    /// mount must grant the address (`grants.send`).
+    pub fn send(address: &str, message: Message) -> Result<(), SendError> {
+        outbox::send(address, &message)
+    }
+
+    /// Publishes `message` to the delivery's `reply-to` if the delivery is
+    /// acknowledged, with its `correlation-id` (unless set) taken from the
+    /// delivery's correlation-id, else its message-id. The mount must grant
+    /// `reply`.
+    pub fn reply(message: Message) -> Result<(), SendError> {
+        outbox::reply(&message)
     }
 }
 

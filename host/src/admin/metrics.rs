@@ -51,6 +51,7 @@ pub struct Metrics {
     duration: Family<MountLabels, Histogram>,
     copies_pending: Family<MountLabels, Gauge>,
     copies_published: Family<ResultLabels, Counter>,
+    outputs_published: Family<ResultLabels, Counter>,
     dead_letters: Family<MountLabels, Counter>,
     module_reloads: Family<ResultLabels, Counter>,
     output_dropped: Family<MountLabels, Counter>,
@@ -94,6 +95,11 @@ impl Metrics {
             &mut registry,
             "copies_published",
             "Copies the host published to a subscription address, by result",
+        );
+        let outputs_published = registered(
+            &mut registry,
+            "outputs_published",
+            "Messages handlers sent through their outbox that the host published, by result",
         );
         let dead_letters = registered(
             &mut registry,
@@ -160,6 +166,7 @@ impl Metrics {
             duration,
             copies_pending,
             copies_published,
+            outputs_published,
             dead_letters,
             module_reloads,
             output_dropped,
@@ -347,17 +354,30 @@ impl MountMetrics {
         self.result(&self.metrics.copies_published, ok);
     }
 
+    /// Outputs of one delivery published (`ok`) or not (`failed`).
+    pub fn outputs_published(&self, ok: usize, failed: usize) {
+        for (n, result) in [(ok, true), (failed, false)] {
+            if n > 0 {
+                self.result_by(&self.metrics.outputs_published, result, n as u64);
+            }
+        }
+    }
+
     /// A module reload, compiled and swapped in or refused.
     pub fn module_reloaded(&self, ok: bool) {
         self.result(&self.metrics.module_reloads, ok);
     }
 
     fn result(&self, family: &Family<ResultLabels, Counter>, ok: bool) {
+        self.result_by(family, ok, 1);
+    }
+
+    fn result_by(&self, family: &Family<ResultLabels, Counter>, ok: bool, n: u64) {
         let labels = ResultLabels {
             tenant: self.labels.tenant.clone(),
             mount: self.labels.mount.clone(),
             result: if ok { "ok" } else { "error" },
         };
-        family.get_or_create(&labels).inc();
+        family.get_or_create(&labels).inc_by(n);
     }
 }

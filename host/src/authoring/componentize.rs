@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use wit_component::{ComponentEncoder, StringEncoding};
 use wit_parser::Resolve;
 
-use super::HANDLER_WIT;
+use super::{HANDLER_WIT, HANDLER_WIT_0_1};
 
 /// The module name preview1 programs import WASI from.
 const PREVIEW1: &str = "wasi_snapshot_preview1";
@@ -27,9 +27,16 @@ pub struct ComponentizeOptions {
 pub fn componentize(core: &[u8], options: ComponentizeOptions) -> anyhow::Result<Vec<u8>> {
     let mut module = core.to_vec();
     if !has_component_type(core)? {
+        // A module generated from the first contract imports its log by
+        // that version's name.
+        let wit = if imports_module(core, "wharf:handler/log@0.1.0")? {
+            HANDLER_WIT_0_1
+        } else {
+            HANDLER_WIT
+        };
         let mut resolve = Resolve::default();
         let package = resolve
-            .push_str("handler.wit", HANDLER_WIT)
+            .push_str("handler.wit", wit)
             .context("the built-in WIT does not parse")?;
         let world = resolve.select_world(&[package], Some("handler"))?;
         wit_component::embed_component_metadata(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config::Mount;
 use crate::sandbox::{
     CallLimits, CpuLane, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome,
-    PoolSize, Property, Sandbox, Value,
+    Outgoing, PoolSize, Property, Sandbox, Value,
 };
 
 /// What the made-up delivery carries.
@@ -19,6 +19,8 @@ pub struct InvokeInput {
     pub properties: Vec<(String, String)>,
     /// The attempt number the handler sees.
     pub attempt: u32,
+    /// The delivery's `reply-to`.
+    pub reply_to: Option<String>,
     /// What the handler may use.
     pub grants: Grants,
 }
@@ -33,7 +35,7 @@ impl InvokeInput {
             subject: None,
             message_id: Some("invoke-1".to_owned()),
             correlation_id: None,
-            reply_to: None,
+            reply_to: self.reply_to.clone(),
             properties: self
                 .properties
                 .iter()
@@ -52,8 +54,12 @@ impl InvokeInput {
 }
 
 /// Loads `module` and runs one delivery through it with the default mount
-/// limits; the load error, or the handler's outcome or failure.
-pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<Outcome, Failure>> {
+/// limits; the load error, or the handler's outcome or failure and the
+/// messages it would publish with an `ack`.
+pub async fn invoke(
+    module: &Path,
+    input: InvokeInput,
+) -> anyhow::Result<(Result<Outcome, Failure>, Vec<Outgoing>)> {
     let sandbox = Sandbox::new(PoolSize {
         instances: 1,
         max_memory: Mount::DEFAULT_MEMORY,
@@ -78,5 +84,6 @@ pub async fn invoke(module: &Path, input: InvokeInput) -> anyhow::Result<Result<
         CpuLane::new(),
         sandbox.slots().clone(),
     ));
-    Ok(instances.reserve().await.call(&delivery).await.0)
+    let call = instances.reserve().await.call(&delivery).await;
+    Ok((call.result, call.outputs))
 }

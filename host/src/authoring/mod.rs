@@ -12,3 +12,7 @@ pub use scaffold::{Language, scaffold};
 
 /// The WIT contract every handler implements, as built into this binary.
 pub const HANDLER_WIT: &str = include_str!("../../../wit/handler.wit");
+
+/// The first version of the contract, which components built against it
+/// still run under.
+pub const HANDLER_WIT_0_1: &str = include_str!("../../../wit/v0.1.0/handler.wit");

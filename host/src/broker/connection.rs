@@ -98,6 +98,13 @@ pub struct BrokerOffers {
 const DELAYED_DELIVERY: &str = "DELAYED_DELIVERY";
 
 impl BrokerOffers {
+    /// Whether the broker is ActiveMQ Artemis.
+    pub fn is_artemis(&self) -> bool {
+        self.product
+            .as_deref()
+            .is_some_and(|product| product.contains("artemis"))
+    }
+
     fn of(handle: &ConnectionHandle<()>) -> BrokerOffers {
         let property = |key: &str| {
             let properties = handle.remote_properties()?;

@@ -19,7 +19,7 @@ pub use connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 pub use endpoint::{Endpoint, redact};
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
 pub use pool::{BrokerPool, PoolStatus, PooledSession};
-pub use publisher::{Offered, Publisher, PublisherTask, SenderTarget};
+pub use publisher::{Offered, OutputsOn, Publisher, PublisherTask, SenderTarget};
 pub use send::{SendOptions, send};
 pub use subscription::{Inbound, Received, ReceiverOptions, Subscription};
 

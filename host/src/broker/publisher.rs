@@ -1,6 +1,6 @@
-//! Publishing copies and dead letters, and waiting for the broker to take
-//! them: never longer than the publish time-out, so a broker that blocks
-//! producers cannot stall a delivery or a shutdown.
+//! Publishing copies, dead letters and handlers' outputs, and waiting for
+//! the broker to take them: never longer than the publish time-out, so a
+//! broker that blocks producers cannot stall a delivery or a shutdown.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{AttachFailure, BrokerError, PublishFailure};
+use super::{BrokerPool, PooledSession};
 
 /// The capability a broker offers on a sender link when it schedules
 /// messages by their `x-opt-delivery-time` (Artemis does).
@@ -25,11 +26,13 @@ const DELAYED_DELIVERY: &str = "DELAYED_DELIVERY";
 struct Request {
     address: String,
     payload: Bytes,
+    /// A handler's output, to any address, on the outputs' own session.
+    output: bool,
     done: oneshot::Sender<Result<(), BrokerError>>,
 }
 
-/// A handle to publish messages to a fixed set of addresses. Clones share
-/// the links.
+/// A handle to publish messages: copies and dead letters to the addresses
+/// attached up front, handlers' outputs to any. Clones share the links.
 #[derive(Clone)]
 pub struct Publisher {
     requests: mpsc::Sender<Request>,
@@ -103,11 +106,16 @@ impl PublisherTask {
 }
 
 impl Publisher {
-    /// Attaches one sender per distinct address on `session`.
+    /// Attaches one sender per distinct address of `targets` on `session`.
+    /// Outputs go out on a session of their own from `outputs`, begun when
+    /// first needed, with senders attached as each address is first used:
+    /// a broker that ends the session over an address it refuses (RabbitMQ
+    /// 4 does) then takes down no link of the mount's.
     pub async fn attach(
         session: &mut SessionHandle<()>,
         link_prefix: &str,
         targets: &[SenderTarget<'_>],
+        outputs: OutputsOn,
         publish_timeout: Duration,
         close_timeout: Duration,
     ) -> Result<(Publisher, PublisherTask, Offered), BrokerError> {
@@ -117,20 +125,7 @@ impl Publisher {
             if senders.contains_key(target.address) {
                 continue;
             }
-            let mut terminus = Target::builder().address(target.address);
-            if let Some(capability) = target.capability {
-                terminus = terminus.capabilities(vec![Symbol::from(capability)]);
-            }
-            let sender = Sender::builder()
-                .name(format!("{link_prefix}/send/{}", target.address))
-                .target(terminus.build())
-                .attach(session)
-                .await
-                .map_err(|e| BrokerError::Attach {
-                    address: target.address.to_owned(),
-                    role: "sender",
-                    source: AttachFailure::Sender(e),
-                })?;
+            let sender = attach_sender(session, link_prefix, *target).await?;
             if index == 0 {
                 delayed_delivery = sender
                     .remote_offered_capabilities()
@@ -143,6 +138,13 @@ impl Publisher {
         let failure = Arc::new(Failure::default());
         let links = Links {
             senders,
+            outputs: OutputLinks {
+                on: outputs,
+                link_prefix: format!("{link_prefix}/out"),
+                session: None,
+                senders: HashMap::new(),
+                attached: Vec::new(),
+            },
             publish_timeout,
             close_timeout,
             failure: failure.clone(),
@@ -156,13 +158,29 @@ impl Publisher {
         Ok((Publisher { requests }, task, Offered { delayed_delivery }))
     }
 
-    /// Publishes an encoded message to `address` and waits for the
-    /// broker's `accepted`.
+    /// Publishes an encoded message to `address`, one of those attached up
+    /// front, and waits for the broker's `accepted`.
     pub async fn publish(&self, address: &str, payload: Bytes) -> Result<(), BrokerError> {
+        self.request(address, payload, false).await
+    }
+
+    /// Publishes a handler's output, encoded, to `address` and waits for
+    /// the broker's `accepted`.
+    pub async fn publish_output(&self, address: &str, payload: Bytes) -> Result<(), BrokerError> {
+        self.request(address, payload, true).await
+    }
+
+    async fn request(
+        &self,
+        address: &str,
+        payload: Bytes,
+        output: bool,
+    ) -> Result<(), BrokerError> {
         let (done, answer) = oneshot::channel();
         let request = Request {
             address: address.to_owned(),
             payload,
+            output,
             done,
         };
         let gone = || BrokerError::Publish {
@@ -174,8 +192,109 @@ impl Publisher {
     }
 }
 
+/// Where a mount's outputs are published.
+pub struct OutputsOn {
+    /// The broker, for a session of their own.
+    pub pool: BrokerPool,
+    /// The terminus capability of their senders, if any.
+    pub capability: Option<&'static str>,
+}
+
+/// Senders attached on demand for outputs; past this many the least
+/// recently attached is detached, so a handler publishing to ever new
+/// addresses cannot pile up links.
+const MAX_OUTPUT_SENDERS: usize = 64;
+
+async fn attach_sender(
+    session: &mut SessionHandle<()>,
+    link_prefix: &str,
+    target: SenderTarget<'_>,
+) -> Result<Sender, BrokerError> {
+    let mut terminus = Target::builder().address(target.address);
+    if let Some(capability) = target.capability {
+        terminus = terminus.capabilities(vec![Symbol::from(capability)]);
+    }
+    Sender::builder()
+        .name(format!("{link_prefix}/send/{}", target.address))
+        .target(terminus.build())
+        .attach(session)
+        .await
+        .map_err(|e| BrokerError::Attach {
+            address: target.address.to_owned(),
+            role: "sender",
+            source: AttachFailure::Sender(e),
+        })
+}
+
+/// The session and senders of a mount's outputs.
+struct OutputLinks {
+    on: OutputsOn,
+    link_prefix: String,
+    session: Option<PooledSession>,
+    senders: HashMap<String, Sender>,
+    /// Addresses of `senders`, oldest first.
+    attached: Vec<String>,
+}
+
+impl OutputLinks {
+    /// The sender for `address`, attached (on a session begun) now if
+    /// there is none yet.
+    async fn sender(&mut self, address: &str) -> Result<&mut Sender, PublishFailure> {
+        if !self.senders.contains_key(address) {
+            if self.attached.len() >= MAX_OUTPUT_SENDERS {
+                let oldest = self.attached.remove(0);
+                if let Some(sender) = self.senders.remove(&oldest) {
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(CLOSE_OUTPUT_SENDER, sender.close()).await;
+                    });
+                }
+            }
+            let session = match &mut self.session {
+                Some(session) => session,
+                None => {
+                    let session = self.on.pool.session().await.map_err(|e| {
+                        PublishFailure::Refused(format!("cannot begin a session: {e}"))
+                    })?;
+                    self.session.insert(session)
+                }
+            };
+            let target = SenderTarget {
+                address,
+                capability: self.on.capability,
+            };
+            let sender = attach_sender(&mut session.session, &self.link_prefix, target)
+                .await
+                .map_err(|e| PublishFailure::Refused(e.to_string()))?;
+            self.attached.push(address.to_owned());
+            self.senders.insert(address.to_owned(), sender);
+        }
+        Ok(self
+            .senders
+            .get_mut(address)
+            .expect("attached above when missing"))
+    }
+
+    /// Forgets the session and every sender on it, after a failure that
+    /// may have ended it: the next output begins afresh.
+    fn reset(&mut self) {
+        self.senders.clear();
+        self.attached.clear();
+        self.session = None;
+    }
+
+    async fn close(self, timeout: Duration) {
+        for (_, sender) in self.senders {
+            let _ = tokio::time::timeout(timeout, sender.close()).await;
+        }
+    }
+}
+
+/// How long detaching an output sender evicted for a newer one may take.
+const CLOSE_OUTPUT_SENDER: Duration = Duration::from_secs(5);
+
 struct Links {
     senders: HashMap<String, Sender>,
+    outputs: OutputLinks,
     publish_timeout: Duration,
     close_timeout: Duration,
     failure: Arc<Failure>,
@@ -196,6 +315,7 @@ impl Links {
             let Some(Request {
                 address,
                 payload,
+                output,
                 done,
             }) = request
             else {
@@ -209,22 +329,45 @@ impl Links {
                 let _ = done.send(Err(fail(PublishFailure::LinkDown)));
                 continue;
             }
-            let Some(sender) = self.senders.get_mut(&address) else {
+            // Credit, attaching an output's sender and the broker's answer
+            // share one deadline.
+            let deadline = Instant::now() + self.publish_timeout;
+            let sender = if output {
+                match tokio::time::timeout_at(deadline, self.outputs.sender(&address)).await {
+                    Ok(Ok(sender)) => sender,
+                    Ok(Err(e)) => {
+                        self.outputs.reset();
+                        let _ = done.send(Err(fail(e)));
+                        continue;
+                    }
+                    Err(_) => {
+                        self.outputs.reset();
+                        let _ =
+                            done.send(Err(fail(PublishFailure::TimedOut(self.publish_timeout))));
+                        continue;
+                    }
+                }
+            } else if let Some(sender) = self.senders.get_mut(&address) {
+                sender
+            } else {
                 let _ = done.send(Err(fail(PublishFailure::Refused(
                     "no sender link is attached to this address".to_owned(),
                 ))));
                 continue;
             };
-            // Credit and the broker's answer share one deadline.
-            let deadline = Instant::now() + self.publish_timeout;
             let sent =
                 tokio::time::timeout_at(deadline, sender.send_payload_batchable(payload)).await;
             let outcome = match sent {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(e)) if e.recovery() != ErrorRecovery::UseLink => {
                     let _ = done.send(Err(fail(PublishFailure::LinkDown)));
-                    self.failure
-                        .record(BrokerError::Sender { address, source: e });
+                    // An output's session is the outputs' own: begin again.
+                    if output {
+                        self.outputs.reset();
+                    } else {
+                        self.failure
+                            .record(BrokerError::Sender { address, source: e });
+                    }
                     continue;
                 }
                 Ok(Err(e)) => {
@@ -255,5 +398,6 @@ impl Links {
         for (_, sender) in self.senders {
             let _ = tokio::time::timeout(self.close_timeout, sender.close()).await;
         }
+        self.outputs.close(self.close_timeout).await;
     }
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::backoff::BackoffPolicy;
-use crate::sandbox::{Grants, InstancePolicy, Output};
+use crate::sandbox::{AddressPattern, Grants, InstancePolicy, Output, OutputLimits};
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_duration, parse_size};
 
@@ -451,6 +451,15 @@ struct RawTenant {
     mounts: Vec<RawMount>,
 }
 
+/// A mount's `grants.send`, kept until every tenant's addresses are known.
+struct SendGrant {
+    tenant: String,
+    here: String,
+    broker: String,
+    span: std::ops::Range<usize>,
+    patterns: Vec<String>,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawGrants {
@@ -461,6 +470,9 @@ struct RawGrants {
     env: Option<Spanned<BTreeMap<String, String>>>,
     #[serde(default)]
     output: Output,
+    send: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    reply: bool,
 }
 
 #[derive(Deserialize)]
@@ -494,6 +506,9 @@ struct RawMount {
     delay: Option<DelayChoice>,
     #[serde(default)]
     retry_after_original: RetryAfterOriginal,
+    max_outputs: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_size")]
+    max_output_bytes: Option<Spanned<u64>>,
 }
 
 fn optional_duration<'de, D: serde::Deserializer<'de>>(
@@ -548,6 +563,7 @@ impl Config {
         // Which tenant uses each address, per broker: an address belongs to
         // one tenant, so no tenant can feed or drain another's.
         let mut owners: HashMap<(String, String), String> = HashMap::new();
+        let mut sends = Vec::new();
         for tenant in raw.tenants {
             checker.name("tenant", &tenant.name)?;
             if !tenant_names.insert(tenant.name.get_ref().clone()) {
@@ -615,6 +631,15 @@ impl Config {
                         ));
                     }
                 }
+                if let Some(send) = &mount.grants.send {
+                    sends.push(SendGrant {
+                        tenant: tenant_name.clone(),
+                        here: here.clone(),
+                        broker: broker_url.clone(),
+                        span: send.span(),
+                        patterns: send.get_ref().clone(),
+                    });
+                }
                 mounts.push(checker.mount(&here, base, mount)?);
             }
             tenants.push(Tenant {
@@ -624,6 +649,7 @@ impl Config {
                 mounts,
             });
         }
+        checker.sends_stay_home(&sends, &owners)?;
         let admin = raw.admin.map(|a| checker.admin(a)).transpose()?;
         Ok(Config {
             path: path.to_owned(),
@@ -856,7 +882,24 @@ impl Checker<'_> {
             ));
         }
         let instance = self.instance_policy(here, &raw)?;
-        let grants = self.grants(here, raw.grants)?;
+        self.positive(here, "max_outputs", &raw.max_outputs)?;
+        if let Some(bytes) = &raw.max_output_bytes
+            && *bytes.get_ref() == 0
+        {
+            return Err(self.invalid(
+                bytes,
+                format!("{here}: `max_output_bytes` must be above zero"),
+            ));
+        }
+        let outputs = OutputLimits {
+            max_outputs: raw
+                .max_outputs
+                .map_or(OutputLimits::DEFAULT_MAX_OUTPUTS, Spanned::into_inner),
+            max_output_bytes: raw
+                .max_output_bytes
+                .map_or(OutputLimits::DEFAULT_MAX_OUTPUT_BYTES, Spanned::into_inner),
+        };
+        let grants = self.grants(here, raw.grants, outputs)?;
         Ok(Mount {
             name: raw.name.into_inner(),
             module,
@@ -889,6 +932,36 @@ impl Checker<'_> {
             delay: raw.delay,
             retry_after_original: raw.retry_after_original,
         })
+    }
+
+    /// A wildcard in `grants.send` never reaches another tenant's address:
+    /// granting one takes writing it out in full.
+    fn sends_stay_home(
+        &self,
+        sends: &[SendGrant],
+        owners: &HashMap<(String, String), String>,
+    ) -> Result<(), ConfigError> {
+        for grant in sends {
+            for pattern in grant.patterns.iter().map(AddressPattern::new) {
+                if pattern.is_literal() {
+                    continue;
+                }
+                let foreign = owners.iter().find(|((broker, address), owner)| {
+                    *broker == grant.broker && **owner != grant.tenant && pattern.matches(address)
+                });
+                if let Some(((_, address), owner)) = foreign {
+                    return Err(self.invalid(
+                        &Spanned::new(grant.span.clone(), ()),
+                        format!(
+                            "{}: `grants.send` pattern `{}` matches `{address}`, an address of tenant `{owner}`; name it in full to grant it",
+                            grant.here,
+                            pattern.as_str()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn instance_policy(&self, here: &str, raw: &RawMount) -> Result<InstancePolicy, ConfigError> {
@@ -926,7 +999,20 @@ impl Checker<'_> {
         })
     }
 
-    fn grants(&self, here: &str, raw: RawGrants) -> Result<Grants, ConfigError> {
+    fn grants(
+        &self,
+        here: &str,
+        raw: RawGrants,
+        outputs: OutputLimits,
+    ) -> Result<Grants, ConfigError> {
+        if let Some(send) = &raw.send
+            && let Some(bad) = send.get_ref().iter().find(|p| p.is_empty())
+        {
+            return Err(self.invalid(
+                send,
+                format!("{here}: `grants.send` has an empty address pattern `{bad}`"),
+            ));
+        }
         if let Some(env) = &raw.env
             && let Some(bad) = env
                 .get_ref()
@@ -943,6 +1029,15 @@ impl Checker<'_> {
             random: raw.random,
             env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
             output: raw.output,
+            send: raw
+                .send
+                .map(Spanned::into_inner)
+                .unwrap_or_default()
+                .into_iter()
+                .map(AddressPattern::new)
+                .collect(),
+            reply: raw.reply,
+            outputs,
         })
     }
 }

@@ -95,6 +95,11 @@ impl Sandbox {
         grants::add_to_linker(&mut linker).map_err(to_anyhow)?;
         Handler::add_to_linker::<_, HasSelf<StoreState>>(&mut linker, |state| state)
             .map_err(to_anyhow)?;
+        super::bindings_0_1::Handler::add_to_linker::<_, HasSelf<StoreState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(to_anyhow)?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             inner: Arc::new(Inner {

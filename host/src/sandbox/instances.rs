@@ -11,6 +11,7 @@ use super::bindings::Handler;
 use super::cpu::CpuLane;
 use super::grants::Grants;
 use super::module::{Failure, LogTags, Module};
+use super::outbox::Outgoing;
 use super::store::{InstanceSetup, StoreState};
 use super::{Delivery, Outcome};
 
@@ -167,13 +168,23 @@ impl Reserved {
         &self.instances
     }
 
-    /// Runs one delivery and reports the handler's outcome or why it failed.
-    /// Instantiation counts against the call's timeout. The returned
-    /// [`MemoryHeld`] keeps the instance's memory counted in its budget
-    /// until dropped, so a delivery holds it until it is settled.
-    pub async fn call(self, delivery: &Delivery) -> (Result<Outcome, Failure>, MemoryHeld) {
+    /// Runs one delivery and reports the handler's outcome or why it failed,
+    /// and what it sent. Instantiation counts against the call's timeout.
+    pub async fn call(self, delivery: &Delivery) -> Call {
         self.instances.call(self.instance, delivery).await
     }
+}
+
+/// What one handler call came to.
+pub struct Call {
+    /// The handler's outcome, or why it has none.
+    pub result: Result<Outcome, Failure>,
+    /// The messages it sent through the outbox, in order; none when it
+    /// failed.
+    pub outputs: Vec<Outgoing>,
+    /// Keeps the instance's memory counted in its budget until dropped, so
+    /// a delivery holds it until it is settled.
+    pub memory: MemoryHeld,
 }
 
 /// Memory of a finished instance still counted in its budget.
@@ -284,15 +295,12 @@ impl Instances {
         }
     }
 
-    async fn call(
-        &self,
-        mut instance: Instance,
-        delivery: &Delivery,
-    ) -> (Result<Outcome, Failure>, MemoryHeld) {
+    async fn call(&self, mut instance: Instance, delivery: &Delivery) -> Call {
         let timeout = self.limits.timeout;
         let deadline = Instant::now() + timeout;
         let store = &mut instance.store;
         store.data_mut().begin_call(deadline);
+        store.data_mut().outbox.begin(delivery);
         store.set_epoch_deadline(1);
         // The epoch check only fires while wasm runs; a guest parked in a
         // host call (a WASI sleep) is caught by this outer timer.
@@ -301,6 +309,7 @@ impl Instances {
             .await
             .unwrap_or(Err(Failure::Timeout(timeout)));
         instance.store.data_mut().end_call();
+        let mut outputs = instance.store.data_mut().outbox.take();
         let result = match result {
             Err(Failure::Trap(_) | Failure::Instantiate(_))
                 if instance.store.data().memory.refused =>
@@ -314,9 +323,14 @@ impl Instances {
         let held = if result.is_ok() {
             self.keep(instance)
         } else {
+            outputs.clear();
             instance.memory.take()
         };
-        (result, MemoryHeld(held))
+        Call {
+            result,
+            outputs,
+            memory: MemoryHeld(held),
+        }
     }
 
     async fn run(&self, instance: &mut Instance, delivery: &Delivery) -> Result<Outcome, Failure> {
@@ -335,6 +349,7 @@ impl Instances {
                 instance.handler = None;
                 instance.uses = 0;
                 instance.store.data_mut().begin_call(deadline);
+                instance.store.data_mut().outbox.begin(delivery);
                 instance.store.set_epoch_deadline(1);
                 self.run_once(instance, delivery).await
             }

@@ -12,17 +12,19 @@ mod engine;
 mod grants;
 mod instances;
 mod module;
+mod outbox;
 mod output;
 mod store;
 
 pub use cpu::CpuLane;
 pub use engine::{PoolSize, Sandbox};
-pub use grants::{Denied, Grants, Output};
+pub use grants::{AddressPattern, Denied, Grants, Output, OutputLimits};
 pub use instances::{
-    CallLimits, InstancePolicy, InstanceSlots, Instances, MemoryBudget, MemoryHeld, PoolNeeds,
-    Reserved,
+    Call, CallLimits, InstancePolicy, InstanceSlots, Instances, MemoryBudget, MemoryHeld,
+    PoolNeeds, Reserved,
 };
 pub use module::{Failure, LoadError, LogTags, Module};
+pub use outbox::Outgoing;
 
 /// Bindings generated from `wit/handler.wit`.
 pub mod bindings {
@@ -31,7 +33,20 @@ pub mod bindings {
         path: "../wit",
         world: "handler",
         exports: { default: async },
+        additional_derives: [PartialEq],
     });
 }
 
+/// Bindings of the first contract, `wit/v0.1.0`: the host still provides
+/// its imports, so components built against it keep running. Its `handle`
+/// has the same shape as today's, so they are called alike.
+pub mod bindings_0_1 {
+    #![allow(missing_docs)]
+    wasmtime::component::bindgen!({
+        path: "../wit/v0.1.0",
+        world: "handler",
+    });
+}
+
+pub use bindings::wharf::handler::outbox::{Message as OutboxMessage, SendError};
 pub use bindings::wharf::handler::types::{Delivery, Outcome, Property, Value};

@@ -10,6 +10,7 @@ use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
 use super::grants::Grants;
 use super::module::LogTags;
+use super::outbox::Outbox;
 use super::output::LogOutput;
 
 /// Longest guest log line kept (from the `log` import or its output
@@ -62,6 +63,8 @@ pub(crate) struct StoreState {
     stderr: LogOutput,
     /// Bytes logged through the `log` import during this call.
     logged: usize,
+    /// What the call has sent.
+    pub(crate) outbox: Outbox,
 }
 
 impl StoreState {
@@ -89,6 +92,7 @@ impl StoreState {
             stdout,
             stderr,
             logged: 0,
+            outbox: Outbox::default(),
         }
     }
 
@@ -230,6 +234,22 @@ impl ResourceLimiter for MemoryLimit {
 }
 
 impl super::bindings::wharf::handler::types::Host for StoreState {}
+
+impl super::bindings_0_1::wharf::handler::types::Host for StoreState {}
+
+impl super::bindings_0_1::wharf::handler::log::Host for StoreState {
+    fn log(&mut self, level: super::bindings_0_1::wharf::handler::log::Level, message: String) {
+        use super::bindings_0_1::wharf::handler::log::Level as Old;
+        let level = match level {
+            Old::Trace => Level::Trace,
+            Old::Debug => Level::Debug,
+            Old::Info => Level::Info,
+            Old::Warn => Level::Warn,
+            Old::Error => Level::Error,
+        };
+        LogHost::log(self, level, message);
+    }
+}
 
 #[cfg(test)]
 mod tests {

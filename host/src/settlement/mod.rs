@@ -116,11 +116,26 @@ pub struct Policy {
     pub retry_after_original: Disposition,
 }
 
+impl Policy {
+    /// What hands a delivery back to the broker when what the host owed
+    /// before settling it could not be published.
+    fn keep(&self) -> Disposition {
+        if self.modified_supported {
+            Disposition::Modified
+        } else {
+            Disposition::Released
+        }
+    }
+}
+
 /// A message the host owes the broker before (or instead of) settling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Publish {
     /// The delivery exactly as it arrived, to the dead-letter address, now.
     DeadLetter,
+    /// What the handler sent through its outbox, each message to its
+    /// address: published only for an `ack`.
+    Outputs,
     /// A copy (`x-ruststream-retry-count = retry_count`) to the subscription
     /// address, due after `delay`.
     Copy {
@@ -160,6 +175,28 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// The plan of an `ack` whose handler sent messages: publish them, and
+    /// accept the delivery once the broker has taken them all (at most once,
+    /// publish them after the fact). Keeps the delivery when they cannot be
+    /// published, so they are published if and only if it is accepted.
+    pub fn with_outputs(self, policy: &Policy) -> Plan {
+        match self {
+            Plan::Settle(Disposition::Accepted) => Plan::PublishThenSettle {
+                publish: Publish::Outputs,
+                then: Disposition::Accepted,
+                otherwise: policy.keep(),
+            },
+            Plan::Presettled {
+                publish: None,
+                unsupported,
+            } => Plan::Presettled {
+                publish: Some(Publish::Outputs),
+                unsupported,
+            },
+            other => other,
+        }
+    }
+
     /// What the plan publishes, if anything.
     pub fn publish(&self) -> Option<Publish> {
         match *self {
@@ -196,11 +233,7 @@ fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan
         Outcome::Retry => None,
         Outcome::RetryAfter(delay) => Some(delay),
     };
-    let keep = if policy.modified_supported {
-        Disposition::Modified
-    } else {
-        Disposition::Released
-    };
+    let keep = policy.keep();
     let publish_then = |publish, then| Plan::PublishThenSettle {
         publish,
         then,

@@ -6,6 +6,7 @@
 //! there, but clients send lists and maps anyway, and a message must never
 //! be lost because it says more than the spec allows.
 
+mod output;
 mod sections;
 mod view;
 
@@ -18,6 +19,7 @@ use fe2o3_amqp::types::messaging::{
 use fe2o3_amqp::types::primitives::{Symbol, Value};
 
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
+pub use output::ARTEMIS_DUPLICATE_ID;
 pub use sections::DecodeFailure;
 pub use view::{DeliveryContext, to_delivery};
 
@@ -139,7 +141,7 @@ impl AmqpMessage {
         let mut properties = self.application_properties.clone().unwrap_or_default();
         properties.retain(|(key, _)| key != RETRY_COUNT_PROPERTY);
         properties.push((RETRY_COUNT_PROPERTY.to_owned(), Value::Uint(retry_count)));
-        let mut annotations = self.message_annotations.clone();
+        let annotations = self.message_annotations.clone();
         // Unreadable annotations travel on, unless the copy needs a
         // delivery time among them.
         let mut unread: Vec<(u64, bytes::Bytes)> = self
@@ -148,23 +150,10 @@ impl AmqpMessage {
             .filter(|(code, _)| *code == sections::MESSAGE_ANNOTATIONS && due.is_none())
             .cloned()
             .collect();
-        if let Some(due) = due {
+        if due.is_some() {
             unread.clear();
-            let millis = due
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or(Duration::ZERO)
-                .as_millis();
-            // A long, as JMS clients send it: Artemis ignores a timestamp.
-            let at = i64::try_from(millis).unwrap_or(i64::MAX);
-            annotations
-                .get_or_insert_with(|| MessageAnnotations::builder().build())
-                .0
-                .insert(
-                    OwnedKey::Symbol(Symbol::from(DELIVERY_TIME_ANNOTATION)),
-                    Value::Long(at),
-                );
         }
-        AmqpMessage {
+        let mut copy = AmqpMessage {
             header: self.header.as_ref().map(|header| Header {
                 delivery_count: 0,
                 first_acquirer: false,
@@ -177,7 +166,29 @@ impl AmqpMessage {
             body: self.body.clone(),
             footer: None,
             unread,
+        };
+        if let Some(due) = due {
+            copy.schedule(due);
         }
+        copy
+    }
+
+    /// Asks a broker that schedules messages (Artemis) to deliver this one
+    /// no sooner than `due`.
+    fn schedule(&mut self, due: SystemTime) {
+        let millis = due
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+            .as_millis();
+        // A long, as JMS clients send it: Artemis ignores a timestamp.
+        let at = i64::try_from(millis).unwrap_or(i64::MAX);
+        self.message_annotations
+            .get_or_insert_with(|| MessageAnnotations::builder().build())
+            .0
+            .insert(
+                OwnedKey::Symbol(Symbol::from(DELIVERY_TIME_ANNOTATION)),
+                Value::Long(at),
+            );
     }
 }
 

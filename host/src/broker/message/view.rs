@@ -63,7 +63,7 @@ pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> sandb
 /// JSON: `data` sections joined; an `amqp-value` string, symbol or binary as
 /// its bytes, null as nothing, anything else as JSON; `amqp-sequence`
 /// sections as one JSON array of all their items.
-fn body_bytes(body: &Body<Value>) -> (Vec<u8>, bool) {
+pub(super) fn body_bytes(body: &Body<Value>) -> (Vec<u8>, bool) {
     match body {
         Body::Data(sections) => (
             sections.iter().flat_map(|d| d.0.iter().copied()).collect(),

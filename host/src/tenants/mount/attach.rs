@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicBool;
 use super::MountSpec;
 use crate::broker::management::{QueueInfo, QueueKind};
 use crate::broker::{
-    AttachFailure, BrokerError, CLOSE_TIMEOUT, Offered, PooledSession, Publisher, PublisherTask,
-    ReceiverOptions, SenderTarget, Subscription,
+    AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn, PooledSession,
+    Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription,
 };
 use crate::config::{DelayChoice, Node, RetryAfterOriginal, RetryChoice};
 use crate::events::Event;
@@ -19,6 +19,9 @@ pub(crate) struct MountContext {
     pub(crate) spec: Arc<MountSpec>,
     policy: Policy,
     pub(crate) publisher: Publisher,
+    /// Whether outputs carry Artemis's duplicate-detection property: the
+    /// broker is Artemis, which then drops an output published twice.
+    pub(crate) duplicate_ids: bool,
     /// Whether an at-most-once outcome that cannot act has been logged at
     /// warn level yet; later ones go to debug.
     pub(crate) unsupported_warned: AtomicBool,
@@ -58,10 +61,12 @@ pub(crate) struct AttachedMount {
 impl Links {
     /// Attaches the mount's receiver, and senders for its own address and
     /// its dead-letter address, all on `session`, within the broker's
-    /// attach time-out.
+    /// attach time-out. Outputs go out on sessions of their own from
+    /// `pool`.
     pub(crate) async fn attach(
         spec: Arc<MountSpec>,
         mut session: PooledSession,
+        pool: BrokerPool,
     ) -> Result<Links, BrokerError> {
         let timeout = spec.broker.attach_timeout;
         let mount = &spec.config;
@@ -99,10 +104,17 @@ impl Links {
                 capability: mount.node.map(|_| Node::Queue.capability()),
             });
         }
+        // Outputs, like dead letters, go to queues whenever the mount says
+        // what its nodes are.
+        let outputs = OutputsOn {
+            pool,
+            capability: mount.node.map(|_| Node::Queue.capability()),
+        };
         let attached = Publisher::attach(
             &mut session.session,
             &link_name,
             &targets,
+            outputs,
             spec.broker.publish_timeout,
             CLOSE_TIMEOUT,
         );
@@ -171,6 +183,7 @@ impl Links {
             spec,
             policy,
             publisher,
+            duplicate_ids: session.offers.is_artemis(),
             unsupported_warned: AtomicBool::new(false),
         };
         AttachedMount {

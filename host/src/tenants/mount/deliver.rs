@@ -15,8 +15,7 @@ use crate::broker::Inbound;
 use crate::broker::message::{self, DeliveryContext};
 use crate::config::Settle;
 use crate::events::{Event, Handled};
-use crate::sandbox::MemoryHeld;
-use crate::sandbox::Reserved;
+use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
 use crate::settlement::{self, Disposition, HandlerResult, Outcome, Publish};
 
 /// Runs the handler on one delivery and carries out the plan for its
@@ -60,7 +59,7 @@ pub(super) async fn handle(
         let started = Instant::now();
         // The instance's memory stays counted in the tenant's budget until
         // the delivery is settled.
-        let (result, _memory) = run_handler(&context, instance, &message, attempt).await;
+        let (result, outputs, _memory) = run_handler(&context, instance, &message, attempt).await;
         let took = started.elapsed();
         drop(handler_slot);
         let outcome = settlement::outcome_of(&result, spec.config.max_retry_delay);
@@ -74,14 +73,20 @@ pub(super) async fn handle(
             );
         }
         spec.note_attempt(message_id.as_deref(), &counters);
-        let plan = settlement::plan(&context.policy(), &counters, outcome);
+        let policy = context.policy();
+        let mut plan = settlement::plan(&policy, &counters, outcome);
+        // Outputs go out with an acknowledgement and only with one.
+        if outcome == Outcome::Ack && !outputs.is_empty() {
+            plan = plan.with_outputs(&policy);
+        }
         if plan.unsupported() {
             log_unsupported(&context, outcome);
         }
         if matches!(plan.publish(), Some(Publish::Copy { delay, .. }) if !delay.is_zero()) {
             admission.release_running();
         }
-        let settled = settle::carry_out(&context, &settler, info, &message, plan, &flush).await;
+        let settled =
+            settle::carry_out(&context, &settler, info, &message, plan, &outputs, &flush).await;
         if settled.disposition == Some(Disposition::Modified) {
             spec.note_modified(message_id.as_deref(), attempt);
         }
@@ -118,7 +123,7 @@ async fn run_handler(
     instance: Reserved,
     message: &message::AmqpMessage,
     attempt: u32,
-) -> (HandlerResult, MemoryHeld) {
+) -> (HandlerResult, Vec<Outgoing>, MemoryHeld) {
     let spec = &context.spec;
     let delivery = message::to_delivery(
         message,
@@ -132,7 +137,11 @@ async fn run_handler(
     );
     let instances = instance.instances().clone();
     let module = instances.module();
-    let (result, memory) = instance.call(&delivery).await;
+    let Call {
+        result,
+        outputs,
+        memory,
+    } = instance.call(&delivery).await;
     spec.metrics.output_dropped(instances.take_output_dropped());
     if let Err(failure) = &result {
         tracing::warn!(
@@ -143,7 +152,7 @@ async fn run_handler(
         );
         spec.metrics.failed(failure.kind());
     }
-    (result, memory)
+    (result, outputs, memory)
 }
 
 fn log_unsupported(context: &MountContext, outcome: Outcome) {

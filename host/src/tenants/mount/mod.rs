@@ -239,7 +239,7 @@ impl MountSpec {
     ) -> Result<AttachedMount, Arc<BrokerError>> {
         let session = pool.session().await?;
         let offers = session.offers.clone();
-        let links = Links::attach(self.clone(), session)
+        let links = Links::attach(self.clone(), session, pool.clone())
             .await
             .map_err(Arc::new)?;
         // Asked once the receiver is attached: a v1 address declares its

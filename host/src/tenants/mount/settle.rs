@@ -11,6 +11,7 @@ use super::attach::MountContext;
 use crate::admin::MountMetrics;
 use crate::broker::message::AmqpMessage;
 use crate::events::Event;
+use crate::sandbox::Outgoing;
 use crate::settlement::{DelayPath, Disposition, Plan, Publish};
 
 /// A disposition a delivery task asks the receive loop to send; only the
@@ -59,6 +60,7 @@ pub(super) async fn carry_out(
     info: DeliveryInfo,
     message: &AmqpMessage,
     plan: Plan,
+    outputs: &[Outgoing],
     flush: &CancellationToken,
 ) -> Settled {
     let settle = async |disposition| match settler.settle(info, disposition).await {
@@ -77,7 +79,7 @@ pub(super) async fn carry_out(
             publish,
             then,
             otherwise,
-        } => match publish_one(context, message, publish, flush).await {
+        } => match publish_one(context, message, publish, outputs, flush).await {
             Ok(()) => {
                 context.spec.publish_backoff_reset();
                 settle(then).await
@@ -97,7 +99,9 @@ pub(super) async fn carry_out(
         },
         Plan::Presettled { publish, .. } => {
             let error = match publish {
-                Some(publish) => publish_one(context, message, publish, flush).await.err(),
+                Some(publish) => publish_one(context, message, publish, outputs, flush)
+                    .await
+                    .err(),
                 None => None,
             };
             Settled {
@@ -114,10 +118,12 @@ async fn publish_one(
     context: &MountContext,
     message: &AmqpMessage,
     publish: Publish,
+    outputs: &[Outgoing],
     flush: &CancellationToken,
 ) -> Result<(), String> {
     let spec = &context.spec;
     match publish {
+        Publish::Outputs => publish_outputs(context, message, outputs).await,
         Publish::DeadLetter => {
             let address = spec
                 .config
@@ -156,6 +162,46 @@ async fn publish_one(
             published
         }
     }
+}
+
+/// Publishes every output of the handler of `input` at once, and waits
+/// until the broker has accepted them all.
+async fn publish_outputs(
+    context: &MountContext,
+    input: &AmqpMessage,
+    outputs: &[Outgoing],
+) -> Result<(), String> {
+    let input_id = input.message_id().unwrap_or_else(|| input.body_digest());
+    let published =
+        futures_util::future::join_all(outputs.iter().enumerate().map(|(index, output)| {
+            let message =
+                AmqpMessage::output(&output.message, &input_id, index, context.duplicate_ids);
+            publish_output(context, &output.address, message)
+        }))
+        .await;
+    let failed = published.iter().filter(|p| p.is_err()).count();
+    context
+        .spec
+        .metrics
+        .outputs_published(outputs.len() - failed, failed);
+    match published.into_iter().find_map(Result::err) {
+        None => Ok(()),
+        Some(error) if failed == 1 => Err(error),
+        Some(error) => Err(format!("{error} (and {} more outputs)", failed - 1)),
+    }
+}
+
+async fn publish_output(
+    context: &MountContext,
+    address: &str,
+    message: AmqpMessage,
+) -> Result<(), String> {
+    let encoded = message.encode().map_err(|e| e.to_string())?;
+    context
+        .publisher
+        .publish_output(address, encoded)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn publish_message(

@@ -12,20 +12,95 @@
 //! (ack in a fresh instance, drop in one that served a delivery before),
 //! `expect=KEY=TEXT` (ack if the property KEY, rendered as text, is TEXT,
 //! else drop), `body=TEXT` (ack if the body is TEXT, else drop).
+//!
+//! Before its action a step may publish, with effects joined to it by commas
+//! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
+//! property `n` counting this delivery's outputs), `sends=N=ADDRESS` (N such
+//! messages), `reply` (the body prefixed `re:`), `pad=BYTES` (later outputs
+//! carry that many more bytes). Each must succeed or the delivery is dropped;
+//! `fails=ERROR` instead requires the effect before it to have failed with
+//! ERROR (`denied`, `too-many`, `too-large`, `no-reply-to`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use wharf_guest::{Delivery, Outcome, Value, log};
+use wharf_guest::{Delivery, Message, Outcome, SendError, Value, log, outbox};
 
 fn handle(d: Delivery) -> Outcome {
-    let action = d
+    let step = d
         .property_str("script")
         .and_then(|script| action_for(script, d.attempt))
         .unwrap_or("ack")
         .to_owned();
-    log::info(&format!("attempt {}: {action}", d.attempt));
-    match action.as_str() {
+    log::info(&format!("attempt {}: {step}", d.attempt));
+    let mut parts: Vec<&str> = step.split(',').collect();
+    let action = parts.pop().unwrap_or("ack");
+    if let Err(why) = publish(&d, &parts) {
+        log::warn(&why);
+        return Outcome::Drop;
+    }
+    act(&d, action)
+}
+
+/// Carries out a step's publishing effects in order.
+fn publish(d: &Delivery, effects: &[&str]) -> Result<(), String> {
+    let mut pad = 0;
+    let mut sent = 0;
+    // The result of the effect before, not yet checked.
+    let mut unchecked: Option<(usize, Result<(), SendError>)> = None;
+    for (i, effect) in effects.iter().enumerate() {
+        if let Some(wanted) = effect.strip_prefix("fails=") {
+            match unchecked.take() {
+                Some((_, Err(e))) if error_name(&e) == wanted => continue,
+                other => return Err(format!("wanted {wanted} before effect {i}, got {other:?}")),
+            }
+        }
+        if let Some((j, result)) = unchecked.take() {
+            result.map_err(|e| format!("effect {j}: {e:?}"))?;
+        }
+        let mut output = || {
+            sent += 1;
+            let mut body = d.body.clone();
+            body.resize(body.len() + pad, b'.');
+            Message::new(body).with_property("n", Value::Uint(sent))
+        };
+        let result = if let Some(address) = effect.strip_prefix("send=") {
+            outbox::send(address, output())
+        } else if let Some((n, address)) = effect
+            .strip_prefix("sends=")
+            .and_then(|rest| rest.split_once('='))
+        {
+            let n: usize = n.parse().map_err(|_| format!("bad count in {effect}"))?;
+            (0..n).try_for_each(|_| outbox::send(address, output()))
+        } else if *effect == "reply" {
+            let mut body = b"re:".to_vec();
+            body.extend_from_slice(&d.body);
+            outbox::reply(Message::new(body))
+        } else if let Some(Ok(bytes)) = effect.strip_prefix("pad=").map(str::parse) {
+            pad = bytes;
+            Ok(())
+        } else {
+            return Err(format!("unknown effect {effect}"));
+        };
+        unchecked = Some((i, result));
+    }
+    match unchecked {
+        Some((j, Err(e))) => Err(format!("effect {j}: {e:?}")),
+        _ => Ok(()),
+    }
+}
+
+fn error_name(error: &SendError) -> &'static str {
+    match error {
+        SendError::Denied => "denied",
+        SendError::TooMany => "too-many",
+        SendError::TooLarge => "too-large",
+        SendError::NoReplyTo => "no-reply-to",
+    }
+}
+
+fn act(d: &Delivery, action: &str) -> Outcome {
+    match action {
         "retry" => Outcome::Retry,
         "drop" => Outcome::Drop,
         "trap" => panic!("fixture asked to trap on attempt {}", d.attempt),

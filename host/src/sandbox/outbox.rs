@@ -1,0 +1,128 @@
+//! The `outbox` import: messages a handler publishes, kept for the length of
+//! its call. The host publishes them only if the handler acknowledges its
+//! delivery, before it accepts the delivery.
+
+use super::bindings::wharf::handler::outbox::{Host, Message, SendError};
+use super::store::StoreState;
+use super::{Delivery, Value};
+
+/// One message a handler asked to publish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    /// Where it goes: a granted address, or the delivery's `reply-to`.
+    pub address: String,
+    /// What goes.
+    pub message: Message,
+}
+
+/// What one call has sent so far, and what it may still send.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    outputs: Vec<Outgoing>,
+    bytes: u64,
+    reply_to: Option<String>,
+    /// What a reply's `correlation-id` defaults to.
+    correlation: Option<String>,
+}
+
+impl Outbox {
+    /// Empties the outbox for a call on `delivery`.
+    pub(crate) fn begin(&mut self, delivery: &Delivery) {
+        self.outputs.clear();
+        self.bytes = 0;
+        self.reply_to.clone_from(&delivery.reply_to);
+        self.correlation = delivery
+            .correlation_id
+            .clone()
+            .or_else(|| delivery.message_id.clone());
+    }
+
+    /// What the call sent, in order.
+    pub(crate) fn take(&mut self) -> Vec<Outgoing> {
+        self.bytes = 0;
+        std::mem::take(&mut self.outputs)
+    }
+}
+
+/// The bytes an output counts against `max_output_bytes`: its address, body,
+/// strings and properties.
+fn size(address: &str, message: &Message) -> u64 {
+    let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let properties: usize = message
+        .properties
+        .iter()
+        .map(|p| {
+            p.key.len()
+                + match &p.value {
+                    Value::String(s) | Value::Other(s) => s.len(),
+                    Value::Bytes(b) => b.len(),
+                    _ => 8,
+                }
+        })
+        .sum();
+    (address.len()
+        + message.body.len()
+        + text(&message.content_type)
+        + text(&message.subject)
+        + text(&message.message_id)
+        + text(&message.correlation_id)
+        + properties) as u64
+}
+
+impl StoreState {
+    fn keep_output(&mut self, address: String, message: Message) -> Result<(), SendError> {
+        let limits = self.setup.grants.outputs;
+        let outbox = &mut self.outbox;
+        if outbox.outputs.len() >= limits.max_outputs as usize {
+            return Err(SendError::TooMany);
+        }
+        let bytes = outbox.bytes + size(&address, &message);
+        if bytes > limits.max_output_bytes {
+            return Err(SendError::TooLarge);
+        }
+        outbox.bytes = bytes;
+        outbox.outputs.push(Outgoing { address, message });
+        Ok(())
+    }
+
+    fn denied(&self, what: &str) -> Result<(), SendError> {
+        let tags = &self.setup.tags;
+        tracing::debug!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            "the handler's {what} was denied"
+        );
+        Err(SendError::Denied)
+    }
+}
+
+impl Host for StoreState {
+    fn send(&mut self, address: String, message: Message) -> Result<(), SendError> {
+        let granted = !address.is_empty()
+            && self
+                .setup
+                .grants
+                .send
+                .iter()
+                .any(|pattern| pattern.matches(&address));
+        if !granted {
+            return self.denied(&format!(
+                "send to `{address}` (not in the mount's `grants.send`)"
+            ));
+        }
+        self.keep_output(address, message)
+    }
+
+    fn reply(&mut self, mut message: Message) -> Result<(), SendError> {
+        if !self.setup.grants.reply {
+            return self.denied("reply (the mount does not grant `reply`)");
+        }
+        let Some(address) = self.outbox.reply_to.clone().filter(|a| !a.is_empty()) else {
+            return Err(SendError::NoReplyTo);
+        };
+        if message.correlation_id.is_none() {
+            message.correlation_id.clone_from(&self.outbox.correlation);
+        }
+        self.keep_output(address, message)
+    }
+}

@@ -1,0 +1,423 @@
+//! Handlers that publish: outputs go out if and only if their input is
+//! acknowledged, the mount's grants and limits hold, replies find their
+//! requester, and a host killed mid-stream leaves every accepted input with
+//! its outputs (once each on Artemis, which drops duplicates by id).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use wharf::settlement::{Disposition, Outcome};
+
+use crate::client::{Client, TestMessage, body_bytes, correlation_id, message_id};
+use crate::process::WharfProcess;
+use crate::{
+    DEADLINE, MountToml, TestHost, artemis_url, config_text, rabbitmq4_shared, rabbitmq4_url,
+    start_with_client, unique, wait_for_count,
+};
+use wharf_tests::rabbitmq4::{declare, delete};
+
+const SCRIPT: &str = "fixture_script";
+
+/// A mount of the script fixture on `address` that may send to `send`.
+fn mount(address: &str, send: &[&str], extra: &[&str]) -> MountToml {
+    let mut mount = MountToml::new("m", SCRIPT, address);
+    for line in extra {
+        mount = mount.with(line);
+    }
+    let send: Vec<String> = send.iter().map(|a| format!("\"{a}\"")).collect();
+    mount
+        .with("[tenant.mount.grants]")
+        .with(&format!("send = [{}]", send.join(", ")))
+}
+
+/// Waits for the last handling of `id`: the one that settled it for good.
+async fn settled(host: &mut TestHost, id: &str, attempt: u32) -> anyhow::Result<Disposition> {
+    loop {
+        let handled = host.handled(id).await?;
+        if handled.attempt >= attempt {
+            return handled
+                .disposition
+                .ok_or_else(|| anyhow::anyhow!("{id} was not settled: {handled:?}"));
+        }
+    }
+}
+
+async fn artemis_count(client: &mut Client, queue: &str, expected: u64) -> anyhow::Result<()> {
+    wait_for_count(queue, expected, async || client.artemis_count(queue).await).await
+}
+
+#[tokio::test]
+async fn outputs_are_published_only_when_the_input_is_acked() -> anyhow::Result<()> {
+    let (q, out, leak) = (
+        unique("outbox"),
+        unique("outbox-out"),
+        unique("outbox-leak"),
+    );
+    let extra = ["max_attempts = 2", "retry = \"modified\""];
+    let (mut host, mut client) =
+        start_with_client(&artemis_url(), &[mount(&q, &[&out, &leak], &extra)]).await?;
+    // What every input publishes before its outcome, to `leak` unless the
+    // outcome is `ack`; then, when it is settled for good.
+    let cases = [
+        ("ack", format!("*:send={out},ack"), 1, Disposition::Accepted),
+        (
+            "retry",
+            format!("1:send={leak},retry *:ack"),
+            2,
+            Disposition::Accepted,
+        ),
+        (
+            "drop",
+            format!("*:send={leak},drop"),
+            1,
+            Disposition::Rejected,
+        ),
+        (
+            "trap",
+            format!("*:send={leak},trap"),
+            2,
+            Disposition::Rejected,
+        ),
+        (
+            "retry-after",
+            format!("1:send={leak},after=50 *:ack"),
+            2,
+            Disposition::Accepted,
+        ),
+    ];
+    for (name, script, _, _) in &cases {
+        let id = format!("{q}.{name}");
+        client
+            .publish(&q, TestMessage::new(&id, "hi").header(0).script(script))
+            .await?;
+    }
+    for (name, _, attempt, disposition) in &cases {
+        let id = format!("{q}.{name}");
+        assert_eq!(
+            settled(&mut host, &id, *attempt).await?,
+            *disposition,
+            "{name}"
+        );
+    }
+    // An output is accepted by the broker before its input is settled:
+    // whatever leaked is on the queue by now.
+    artemis_count(&mut client, &leak, 0).await?;
+    artemis_count(&mut client, &out, 1).await?;
+    let mut watch = client.watch(&out).await?;
+    let (_, output) = watch.next().await?;
+    let input = format!("{q}.ack");
+    assert_eq!(message_id(&output), Some(format!("{input}/out/0")));
+    assert_eq!(body_bytes(&output), b"hi");
+    assert!(output.header.as_ref().is_some_and(|h| h.durable), "durable");
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_handler_is_told_what_it_may_not_publish_and_nothing_of_it_goes_out()
+-> anyhow::Result<()> {
+    let (q, out, other) = (
+        unique("outbox-err"),
+        unique("outbox-err-out"),
+        unique("nope"),
+    );
+    let (q2, replies) = (unique("outbox-noreply"), unique("outbox-replies"));
+    let limited = mount(
+        &q,
+        &[&format!("{out}*")],
+        &["max_outputs = 2", "max_output_bytes = 600"],
+    )
+    .with("reply = true");
+    let mut without_reply = mount(&q2, &[], &[]);
+    without_reply.name = "m2".into();
+    let url = artemis_url();
+    let (mut host, mut client) = start_with_client(&url, &[limited, without_reply]).await?;
+    // The fixture acks only when the effect fails with the error named
+    // after it; anything else drops the delivery.
+    let cases = [
+        (
+            &q,
+            "denied",
+            format!("*:send={other},fails=denied,ack"),
+            None,
+        ),
+        (
+            &q,
+            "too-many",
+            format!("*:sends=2={out},send={out},fails=too-many,ack"),
+            None,
+        ),
+        (
+            &q,
+            "too-large",
+            format!("*:pad=700,send={out}.big,fails=too-large,ack"),
+            None,
+        ),
+        (
+            &q,
+            "no-reply-to",
+            "*:reply,fails=no-reply-to,ack".to_owned(),
+            None,
+        ),
+        (
+            &q2,
+            "reply-denied",
+            "*:reply,fails=denied,ack".to_owned(),
+            Some(&replies),
+        ),
+    ];
+    for (address, name, script, reply_to) in &cases {
+        let mut message = TestMessage::new(&format!("{q}.{name}"), "x")
+            .header(0)
+            .script(script);
+        if let Some(reply_to) = reply_to {
+            message = message.reply_to(reply_to);
+        }
+        client.publish(address, message).await?;
+    }
+    for (_, name, _, _) in &cases {
+        let handled = host.handled(&format!("{q}.{name}")).await?;
+        assert_eq!(handled.outcome, Outcome::Ack, "{name}: {handled:?}");
+        assert_eq!(handled.disposition, Some(Disposition::Accepted), "{name}");
+    }
+    // The two outputs within `max_outputs` went out with their ack; nothing
+    // refused did.
+    artemis_count(&mut client, &out, 2).await?;
+    for nothing in [&other, &format!("{out}.big"), &replies] {
+        artemis_count(&mut client, nothing, 0).await?;
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+/// Sends two requests to a mount that replies and checks each reply's body
+/// and correlation: the request's correlation-id, else its message-id.
+async fn replies_find_their_requester(
+    url: &str,
+    requests: &str,
+    replies: &str,
+) -> anyhow::Result<()> {
+    let mount = mount(requests, &[], &[]).with("reply = true");
+    let (mut host, mut client) = start_with_client(url, &[mount]).await?;
+    let mut watch = client.watch(replies).await?;
+    let (with, without) = (unique("req"), unique("req"));
+    client
+        .publish(
+            requests,
+            TestMessage::new(&with, "ping")
+                .script("*:reply,ack")
+                .reply_to(replies)
+                .correlation_id("conversation-1"),
+        )
+        .await?;
+    client
+        .publish(
+            requests,
+            TestMessage::new(&without, "pong")
+                .script("*:reply,ack")
+                .reply_to(replies),
+        )
+        .await?;
+    let mut got = BTreeMap::new();
+    for _ in 0..2 {
+        let (_, reply) = watch.next().await?;
+        got.insert(correlation_id(&reply), body_bytes(&reply));
+    }
+    assert_eq!(
+        got.remove(&Some("conversation-1".to_owned())).as_deref(),
+        Some(&b"re:ping"[..])
+    );
+    assert_eq!(
+        got.remove(&Some(without.clone())).as_deref(),
+        Some(&b"re:pong"[..])
+    );
+    for id in [&with, &without] {
+        assert_eq!(
+            host.handled(id).await?.disposition,
+            Some(Disposition::Accepted)
+        );
+    }
+    watch.close().await;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reply_reaches_reply_to_with_the_request_s_correlation_on_artemis() -> anyhow::Result<()>
+{
+    replies_find_their_requester(&artemis_url(), &unique("rpc"), &unique("rpc-replies")).await
+}
+
+#[tokio::test]
+async fn a_reply_reaches_reply_to_with_the_request_s_correlation_on_rabbitmq4() -> anyhow::Result<()>
+{
+    let _broker = rabbitmq4_shared().await;
+    let (requests, replies) = (unique("rmq4-rpc"), unique("rmq4-rpc-replies"));
+    declare(&requests, "quorum", "").await?;
+    declare(&replies, "classic", "").await?;
+    replies_find_their_requester(
+        &rabbitmq4_url(),
+        &format!("/queues/{requests}"),
+        &format!("/queues/{replies}"),
+    )
+    .await?;
+    delete(&requests).await?;
+    delete(&replies).await
+}
+
+#[tokio::test]
+async fn a_component_built_against_0_1_0_still_runs() -> anyhow::Result<()> {
+    let q = unique("v0-1");
+    let mount = MountToml::new("m", "fixture_v0_1", &q);
+    let (mut host, mut client) = start_with_client(&artemis_url(), &[mount]).await?;
+    client.publish(&q, TestMessage::new(&q, "v0.1")).await?;
+    let handled = host.handled(&q).await?;
+    assert_eq!(handled.outcome, Outcome::Ack, "{handled:?}");
+    assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+/// Kills `wharf run` three times while it works through `n` inputs that
+/// each publish one output, lets a last host finish, then reads every
+/// output. Returns outputs per input id.
+async fn killed_while_publishing(
+    url: &str,
+    input: &str,
+    output: &str,
+    n: usize,
+) -> anyhow::Result<BTreeMap<String, usize>> {
+    let ids: Vec<String> = (0..n).map(|i| format!("{input}.{i}")).collect();
+    let mut client = Client::connect(url).await?;
+    let script = format!("*:send={output},busy=3");
+    client
+        .publish_many(
+            input,
+            ids.iter()
+                .map(|id| TestMessage::new(id, "x").header(0).script(&script).build()),
+        )
+        .await?;
+    let text = config_text(
+        url,
+        &[mount(input, &[output], &["concurrency = 4"]).with("clocks = true")],
+    );
+    for round in 1..=3 {
+        let mut wharf = WharfProcess::start_config(&text).await?;
+        let handled = wharf.collect_handled();
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while handled.lock().expect("log").len() < n / 6 {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: too little handled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        wharf.child.kill().await?;
+    }
+    let mut wharf = WharfProcess::start_config(&text).await?;
+    // Read, so the log pipe never fills and stops the host.
+    let _ = wharf.collect_handled();
+    let mut watch = client.watch(output).await?;
+    let mut outputs: BTreeMap<String, usize> = BTreeMap::new();
+    while outputs.len() < n {
+        let (_, message) = watch
+            .next()
+            .await
+            .map_err(|e| e.context(format!("{} of {n} inputs' outputs read", outputs.len())))?;
+        let id = message_id(&message).unwrap_or_default();
+        let input_id = id
+            .strip_suffix("/out/0")
+            .ok_or_else(|| anyhow::anyhow!("output id {id:?} is not derived from its input"))?;
+        *outputs.entry(input_id.to_owned()).or_default() += 1;
+    }
+    watch.close().await;
+    crate::process::signal(&wharf, "-TERM").await?;
+    let _ = tokio::time::timeout(DEADLINE, wharf.child.wait()).await;
+    client.close().await;
+    let missing: Vec<&String> = ids.iter().filter(|id| !outputs.contains_key(*id)).collect();
+    anyhow::ensure!(missing.is_empty(), "inputs without outputs: {missing:?}");
+    Ok(outputs)
+}
+
+#[tokio::test]
+async fn a_host_killed_mid_stream_publishes_each_output_once_on_artemis() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let (input, output) = (unique("kill-out"), unique("kill-out-out"));
+    let n = 600;
+    let outputs = killed_while_publishing(&url, &input, &output, n).await?;
+    let mut client = Client::connect(&url).await?;
+    // Every input was accepted and its one output is all the queue held.
+    artemis_count(&mut client, &input, 0).await?;
+    artemis_count(&mut client, &output, 0).await?;
+    let duplicates: usize = outputs.values().map(|n| n - 1).sum();
+    println!(
+        "SIGKILL x3, Artemis (confirm path, _AMQ_DUPL_ID): inputs {n}, accepted {n}, outputs {}, duplicated {duplicates}, lost 0",
+        outputs.len()
+    );
+    assert_eq!(duplicates, 0, "Artemis drops an output published twice");
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_host_killed_mid_stream_loses_no_output_on_rabbitmq4() -> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    let (input, output) = (unique("rmq4-kill-out"), unique("rmq4-kill-out-out"));
+    declare(&input, "quorum", "").await?;
+    declare(&output, "classic", "").await?;
+    let n = 600;
+    let outputs = killed_while_publishing(
+        &rabbitmq4_url(),
+        &format!("/queues/{input}"),
+        &format!("/queues/{output}"),
+        n,
+    )
+    .await?;
+    let duplicates: usize = outputs.values().map(|n| n - 1).sum();
+    println!(
+        "SIGKILL x3, RabbitMQ 4 (confirm path): inputs {n}, outputs {} distinct, duplicated {duplicates} (each with its first's message-id), lost 0",
+        outputs.len()
+    );
+    delete(&input).await?;
+    delete(&output).await
+}
+
+#[tokio::test]
+async fn an_output_the_broker_refuses_keeps_its_input() -> anyhow::Result<()> {
+    // RabbitMQ 4 refuses a link to a queue that does not exist: the input
+    // is handed back, not accepted, and the mount's links stay up.
+    let _broker = rabbitmq4_shared().await;
+    let q = unique("rmq4-refused");
+    declare(&q, "quorum", "").await?;
+    let address = format!("/queues/{q}");
+    let missing = format!("/queues/{}", unique("missing"));
+    let (mut host, mut client) =
+        start_with_client(&rabbitmq4_url(), &[mount(&address, &["/queues/*"], &[])]).await?;
+    let id = unique("refused");
+    client
+        .publish(
+            &address,
+            TestMessage::new(&id, "x").script(&format!("1:send={missing},ack *:ack")),
+        )
+        .await?;
+    let first = host.handled(&id).await?;
+    assert_eq!(first.outcome, Outcome::Ack);
+    assert!(first.error.is_some(), "{first:?}");
+    assert_ne!(first.disposition, Some(Disposition::Accepted), "{first:?}");
+    // Redelivered on the same links, it is acked without outputs.
+    let second = host.handled(&id).await?;
+    assert_eq!(second.attempt, 2);
+    assert_eq!(
+        second.disposition,
+        Some(Disposition::Accepted),
+        "{second:?}"
+    );
+    host.stop().await?;
+    client.close().await;
+    delete(&q).await
+}
