@@ -528,3 +528,71 @@ fn a_parse_error_never_repeats_a_quoted_value() {
         "a = \"***\" b = '***' c = \"***"
     );
 }
+
+const SENDS: &str = r#"
+[broker]
+url = "amqp://127.0.0.1"
+[[tenant]]
+name = "a"
+[[tenant.mount]]
+name = "m"
+module = "handlers/orders.wasm"
+address = "a.in"
+max_outputs = 3
+max_output_bytes = "4KiB"
+[tenant.mount.grants]
+send = ["a.*", "audit"]
+reply = true
+[[tenant]]
+name = "b"
+[[tenant.mount]]
+name = "m"
+module = "handlers/orders.wasm"
+address = "b.in"
+"#;
+
+#[test]
+fn send_grants_and_output_limits_parse() {
+    let config = parse(SENDS).expect("valid config");
+    let (_, mount) = config.mounts().next().expect("a mount");
+    let grants = &mount.grants;
+    assert_eq!(
+        grants.send,
+        vec![AddressPattern::new("a.*"), AddressPattern::new("audit")]
+    );
+    assert!(grants.reply);
+    assert_eq!(grants.outputs.max_outputs, 3);
+    assert_eq!(grants.outputs.max_output_bytes, 4096);
+    let (_, other) = config.mounts().nth(1).expect("b's mount");
+    assert!(
+        other.grants.send.is_empty() && !other.grants.reply,
+        "deny by default"
+    );
+    assert_eq!(other.grants.outputs, OutputLimits::default());
+}
+
+#[test]
+fn a_wildcard_never_reaches_another_tenants_address() {
+    let text = SENDS.replace(r#"send = ["a.*", "audit"]"#, r#"send = ["*.in"]"#);
+    let message = error(&text);
+    assert!(
+        message.contains("tenant `a`, mount `m`")
+            && message.contains("`*.in` matches `b.in`, an address of tenant `b`")
+            && message.contains("line 13"),
+        "{message}"
+    );
+    // Written out in full, the other tenant's address is a deliberate grant.
+    let text = SENDS.replace(r#"send = ["a.*", "audit"]"#, r#"send = ["b.in"]"#);
+    parse(&text).expect("a literal grant of another tenant's address");
+}
+
+#[test]
+fn zero_outputs_and_empty_patterns_are_refused() {
+    let message = error(&SENDS.replace("max_outputs = 3", "max_outputs = 0"));
+    assert!(
+        message.contains("`max_outputs` must be at least 1"),
+        "{message}"
+    );
+    let message = error(&SENDS.replace(r#""audit""#, r#""""#));
+    assert!(message.contains("empty address pattern"), "{message}");
+}

@@ -445,3 +445,39 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_ack_with_outputs_publishes_them_before_it_accepts() {
+    let plan = plan(&policy(ALO, Some(3), true), &header(0), Outcome::Ack);
+    assert_eq!(
+        plan.with_outputs(&policy(ALO, Some(3), true)),
+        publish_then(
+            Publish::Outputs,
+            Disposition::Accepted,
+            Disposition::Modified
+        )
+    );
+    // Where the broker cannot take `modified`, a failed publish releases.
+    let mut released = policy(ALO, None, false);
+    released.modified_supported = false;
+    assert_eq!(
+        settles(Disposition::Accepted).with_outputs(&released),
+        publish_then(
+            Publish::Outputs,
+            Disposition::Accepted,
+            Disposition::Released
+        )
+    );
+}
+
+#[test]
+fn at_most_once_outputs_are_published_after_the_fact() {
+    let amo = policy(AMO, None, false);
+    // The ack itself still cannot act on a settled delivery.
+    let plan = plan(&amo, &header(0), Outcome::Ack);
+    assert_eq!(plan, presettled(None, true));
+    assert_eq!(
+        plan.with_outputs(&amo),
+        presettled(Some(Publish::Outputs), true)
+    );
+}
