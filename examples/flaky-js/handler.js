@@ -1,7 +1,9 @@
 // Decides by the body: `retry` retries at once, `later` retries after a delay
 // (the application property `delay-ms`, default 1000), `bad` is dropped,
-// anything else is acknowledged.
-import { handler, ack, retry, retryAfter, drop, log } from 'wharf';
+// anything else is acknowledged. `publish:ADDRESS` also sends the body on to
+// ADDRESS (and answers the message's reply-to, if it has one), published
+// with the ack; it is dropped if the mount does not grant that.
+import { handler, ack, retry, retryAfter, drop, log, send, reply, SendError } from 'wharf';
 
 export const handle = handler((d) => {
   const body = d.text;
@@ -17,11 +19,24 @@ export const handle = handler((d) => {
       outcome = drop();
       break;
     default:
-      outcome = ack();
+      outcome = body?.startsWith('publish:') ? publish(d, body.slice('publish:'.length)) : ack();
   }
   log.info(`attempt ${d.attempt} of ${JSON.stringify(body ?? '<binary>')}: ${describe(outcome)}`);
   return outcome;
 });
+
+/** @param {import('wharf').Delivery} d */
+function publish(d, address) {
+  try {
+    send(address, { body: d.body, subject: 'flaky', properties: { attempt: d.attempt } });
+    if (d.replyTo !== undefined) reply(`sent to ${address}`);
+    return ack();
+  } catch (e) {
+    if (!(e instanceof SendError)) throw e;
+    log.warn(e.message);
+    return drop();
+  }
+}
 
 /** @param {import('wharf').Delivery} d */
 function delayMs(d) {

@@ -1,5 +1,5 @@
 // Types of the wharf JavaScript SDK (wharf.js). The contract behind them is
-// wit/handler.wit (wharf:handler@0.1.0).
+// wit/handler.wit (wharf:handler@0.2.0).
 
 /** A typed value of an AMQP application property. 64-bit integers are BigInt. */
 export type Value =
@@ -84,6 +84,75 @@ export const log: {
   warn(...parts: unknown[]): void;
   error(...parts: unknown[]): void;
 };
+
+/**
+ * An application property value to send: a typed Value, or a plain one:
+ * string, boolean, bigint (int; uint beyond the s64 range), number (int when
+ * a safe integer, else float), Uint8Array (bytes), Date (timestamp), null.
+ */
+export type PropertyInput = Value | string | boolean | bigint | number | Uint8Array | Date | null;
+
+/** A message to publish; only `body` is required. */
+export interface Message {
+  /** The body, sent as one data section: a string is sent as UTF-8. */
+  body: string | Uint8Array;
+  /** properties.content-type */
+  contentType?: string;
+  /** properties.subject */
+  subject?: string;
+  /**
+   * properties.message-id. When absent the host derives one from the
+   * delivery's message-id and the output's index, so a redelivered message
+   * publishes its outputs with the same ids.
+   */
+  messageId?: string;
+  /** properties.correlation-id; `reply` takes the delivery's when absent. */
+  correlationId?: string;
+  /**
+   * Application properties: an object of key: value, or a list of
+   * { key, value } (e.g. a delivery's `properties`, to pass them on).
+   */
+  properties?: Record<string, PropertyInput> | readonly { key: string; value: PropertyInput }[];
+  /** Whether the broker keeps the message on disk; true when absent. */
+  durable?: boolean;
+  /**
+   * Deliver no sooner than this many milliseconds after publishing, on
+   * brokers that schedule messages (Artemis).
+   */
+  delay?: number | bigint;
+}
+
+/** Why the host did not take a message. */
+export type SendErrorCode = 'denied' | 'too-many' | 'too-large' | 'no-reply-to';
+
+/**
+ * Thrown by `send` and `reply` when the host refuses a message (nothing of
+ * it is kept): `denied` (the mount's grants.send does not match the address,
+ * or grants.reply is off), `too-many` (max_outputs reached), `too-large`
+ * (max_output_bytes exceeded), `no-reply-to` (reply on a delivery without
+ * a reply-to).
+ */
+export class SendError extends Error {
+  readonly name: 'SendError';
+  readonly code: SendErrorCode;
+  /** The address given to `send`; undefined for `reply`. */
+  readonly address: string | undefined;
+}
+
+/**
+ * Publishes a message to `address` if the handler returns `ack()`, before
+ * the delivery is accepted; any other outcome or a thrown error discards
+ * it. Throws a SendError when the host refuses it, a TypeError when the
+ * message is malformed.
+ */
+export function send(address: string, message: string | Uint8Array | Message): void;
+
+/**
+ * Publishes a message to the delivery's reply-to if the handler returns
+ * `ack()`; its correlationId, unless given, is the delivery's
+ * correlation-id, else its message-id. Throws a SendError as `send` does.
+ */
+export function reply(message: string | Uint8Array | Message): void;
 
 /** The shape of the component's `handle` export. */
 export type Handle = (raw: unknown) => unknown;

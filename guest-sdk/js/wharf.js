@@ -1,16 +1,19 @@
 // Write wharf message handlers in JavaScript.
 //
-//   import { handler, ack, retry, retryAfter, drop, log } from 'wharf';
+//   import { handler, ack, retry, retryAfter, drop, log, send } from 'wharf';
 //
 //   export const handle = handler((d) => {
 //     log.info(`attempt ${d.attempt} of ${d.text}`);
-//     return d.text === 'later' ? retryAfter(2000) : ack();
+//     if (d.text === 'later') return retryAfter(2000);
+//     send('audit', { body: d.body, subject: 'seen' }); // published only with the ack
+//     return ack();
 //   });
 //
 // `wharf/build.mjs` bundles the handler with this module and turns it into a
 // component of the world wharf:handler/handler.
 
-import * as hostLog from 'wharf:handler/log@0.1.0';
+import * as hostLog from 'wharf:handler/log@0.2.0';
+import * as hostOutbox from 'wharf:handler/outbox@0.2.0';
 
 // The engines disagree on a few representations: StarlingMonkey
 // (componentize-js) passes u64/s64 as BigInt, options as undefined and an
@@ -23,6 +26,7 @@ const STARLINGMONKEY = typeof __WHARF_ENGINE__ !== 'undefined' && __WHARF_ENGINE
 const GRANTS = typeof __WHARF_GRANTS__ !== 'undefined' ? __WHARF_GRANTS__ : [];
 
 const writeLog = hostLog.log ?? hostLog.default.log;
+const outbox = hostOutbox.send ? hostOutbox : hostOutbox.default;
 
 const U64_MAX = (1n << 64n) - 1n;
 
@@ -41,15 +45,16 @@ export function retry() {
  * @param {number | bigint} ms
  */
 export function retryAfter(ms) {
-  let delay;
-  if (typeof ms === 'bigint') {
-    delay = ms < 0n ? 0n : ms > U64_MAX ? U64_MAX : ms;
-  } else if (typeof ms === 'number' && !Number.isNaN(ms)) {
-    delay = ms <= 0 ? 0n : ms >= 2 ** 64 ? U64_MAX : BigInt(Math.floor(ms));
-  } else {
-    throw new TypeError(`retryAfter: expected milliseconds as a number or bigint, got ${typeof ms}`);
+  return Object.freeze({ tag: 'retry-after', val: millis(ms, 'retryAfter') });
+}
+
+// Milliseconds as a u64 BigInt: negative is 0, beyond u64 the maximum.
+function millis(ms, what) {
+  if (typeof ms === 'bigint') return ms < 0n ? 0n : ms > U64_MAX ? U64_MAX : ms;
+  if (typeof ms === 'number' && !Number.isNaN(ms)) {
+    return ms <= 0 ? 0n : ms >= 2 ** 64 ? U64_MAX : BigInt(Math.floor(ms));
   }
-  return Object.freeze({ tag: 'retry-after', val: delay });
+  throw new TypeError(`${what}: expected milliseconds as a number or bigint, got ${typeof ms}`);
 }
 
 /** Never deliver the message again: the broker's dead-letter policy decides. */
@@ -87,6 +92,237 @@ export const log = Object.freeze({
   warn: (...parts) => writeLog('warn', stringify(parts)),
   error: (...parts) => writeLog('error', stringify(parts)),
 });
+
+// ---- Publishing -----------------------------------------------------------
+
+const SEND_ERRORS = ['denied', 'too-many', 'too-large', 'no-reply-to'];
+
+function explain(code, address) {
+  switch (code) {
+    case 'denied':
+      return address === undefined
+        ? 'the mount does not grant replying (grants.reply)'
+        : 'the mount does not grant this address (grants.send)';
+    case 'too-many':
+      return "the delivery already has the mount's max_outputs messages";
+    case 'too-large':
+      return "the delivery's messages would exceed the mount's max_output_bytes";
+    case 'no-reply-to':
+      return 'the delivery has no reply-to';
+  }
+  return 'unknown error';
+}
+
+/**
+ * Why `send` or `reply` did not take a message: `code` is `'denied'`,
+ * `'too-many'`, `'too-large'` or `'no-reply-to'`. Nothing was kept of it.
+ */
+export class SendError extends Error {
+  constructor(code, address) {
+    const to = address === undefined ? 'reply' : `send to ${JSON.stringify(address)}`;
+    super(`${to}: ${code} (${explain(code, address)})`);
+    this.name = 'SendError';
+    /** 'denied' | 'too-many' | 'too-large' | 'no-reply-to' */
+    this.code = code;
+    /** The address given to `send`; undefined for `reply`. */
+    this.address = address;
+  }
+}
+
+/**
+ * Publishes `message` to `address` if the handler returns `ack()` (before
+ * the delivery is accepted); any other outcome or a thrown error discards it.
+ * `message` is a body (string as UTF-8, or Uint8Array) or an object
+ * `{ body, contentType, subject, messageId, correlationId, properties,
+ * durable, delay }`. Returns nothing; throws a `SendError` (see its `code`)
+ * when the host refuses the message.
+ */
+export function send(address, message) {
+  if (typeof address !== 'string') {
+    throw new TypeError(`send: expected the address as a string, got ${typeof address}`);
+  }
+  const lowered = toWitMessage(message, 'send');
+  try {
+    outbox.send(address, lowered);
+  } catch (e) {
+    throw sendError(e, address);
+  }
+}
+
+/**
+ * Publishes `message` (as for `send`) to the delivery's reply-to if the
+ * handler returns `ack()`; its correlationId, unless given, is the
+ * delivery's correlation-id, else its message-id. Throws a `SendError`
+ * (`'no-reply-to'` when the delivery has none).
+ */
+export function reply(message) {
+  const lowered = toWitMessage(message, 'reply');
+  try {
+    outbox.reply(lowered);
+  } catch (e) {
+    throw sendError(e, undefined);
+  }
+}
+
+// Both engines throw an Error whose `payload` is the send-error's name.
+function sendError(e, address) {
+  const code = e?.payload;
+  return SEND_ERRORS.includes(code) ? new SendError(code, address) : e;
+}
+
+const MESSAGE_FIELDS = ['body', 'contentType', 'subject', 'messageId', 'correlationId', 'properties', 'durable', 'delay'];
+
+function toWitMessage(message, what) {
+  if (typeof message === 'string' || isBinary(message)) message = { body: message };
+  if (message === null || typeof message !== 'object') {
+    throw new TypeError(`${what}: expected a body (string or Uint8Array) or a message object, got ${inspect(message)}`);
+  }
+  for (const key of Object.keys(message)) {
+    if (!MESSAGE_FIELDS.includes(key)) {
+      throw new TypeError(`${what}: unknown message field "${key}" (fields: ${MESSAGE_FIELDS.join(', ')})`);
+    }
+  }
+  const { body, durable = true, delay } = message;
+  if (typeof body !== 'string' && !isBinary(body)) {
+    throw new TypeError(`${what}: the message body must be a string or a Uint8Array, got ${inspect(body)}`);
+  }
+  if (typeof durable !== 'boolean') throw new TypeError(`${what}: durable must be a boolean`);
+  return {
+    body: typeof body === 'string' ? encodeUtf8(body) : toBytes(body),
+    contentType: optionalString(message, 'contentType', what),
+    subject: optionalString(message, 'subject', what),
+    messageId: optionalString(message, 'messageId', what),
+    correlationId: optionalString(message, 'correlationId', what),
+    properties: toWitProperties(message.properties, what),
+    durable,
+    delay: delay === undefined || delay === null ? undefined : u64(millis(delay, `${what}: delay`)),
+  };
+}
+
+function optionalString(message, field, what) {
+  const value = message[field];
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== 'string') throw new TypeError(`${what}: ${field} must be a string, got ${inspect(value)}`);
+  return value;
+}
+
+// Properties: Delivery.properties' shape ([{ key, value: { tag, val } }], so
+// a delivery's can be passed on), or a plain object of key: value.
+function toWitProperties(properties, what) {
+  if (properties === undefined || properties === null) return [];
+  const pairs = Array.isArray(properties)
+    ? properties.map((p) => {
+        if (p === null || typeof p !== 'object' || typeof p.key !== 'string') {
+          throw new TypeError(`${what}: a property in a list must be { key, value }, got ${inspect(p)}`);
+        }
+        return [p.key, p.value];
+      })
+    : typeof properties === 'object'
+      ? Object.entries(properties)
+      : null;
+  if (pairs === null) throw new TypeError(`${what}: properties must be an object or a list of { key, value }`);
+  return pairs.map(([key, value]) => ({ key, value: toWitValue(value, key, what) }));
+}
+
+const S64_MIN = -(1n << 63n);
+const S64_MAX = (1n << 63n) - 1n;
+
+// A property value, typed ({ tag, val }) or plain: string, boolean, bigint
+// (int, or uint beyond s64), number (int when a safe integer, else float),
+// Uint8Array (bytes), Date (timestamp), null.
+function toWitValue(value, key, what) {
+  const bad = () => new TypeError(`${what}: property "${key}" has an unsupported value ${inspect(value)}`);
+  if (value === null) return { tag: 'null' };
+  if (value instanceof Date) return { tag: 'timestamp', val: s64(BigInt(value.getTime())) };
+  if (isBinary(value)) return { tag: 'bytes', val: toBytes(value) };
+  switch (typeof value) {
+    case 'string':
+      return { tag: 'string', val: value };
+    case 'boolean':
+      return { tag: 'boolean', val: value };
+    case 'bigint':
+      if (value >= S64_MIN && value <= S64_MAX) return { tag: 'int', val: s64(value) };
+      if (value >= 0n && value <= U64_MAX) return { tag: 'uint', val: u64(value) };
+      throw new RangeError(`${what}: property "${key}" is beyond 64 bits: ${value}`);
+    case 'number':
+      return Number.isSafeInteger(value) ? { tag: 'int', val: s64(BigInt(value)) } : { tag: 'float', val: value };
+    case 'object':
+      return typedToWit(value, bad);
+    default:
+      throw bad();
+  }
+}
+
+function typedToWit({ tag, val }, bad) {
+  const integer = (min, max) => {
+    const n = typeof val === 'bigint' ? val : Number.isSafeInteger(val) ? BigInt(val) : undefined;
+    if (n === undefined || n < min || n > max) throw bad();
+    return n;
+  };
+  switch (tag) {
+    case 'string':
+    case 'other':
+      if (typeof val !== 'string') throw bad();
+      return { tag, val };
+    case 'int':
+    case 'timestamp':
+      return { tag, val: s64(integer(S64_MIN, S64_MAX)) };
+    case 'uint':
+      return { tag, val: u64(integer(0n, U64_MAX)) };
+    case 'float':
+      if (typeof val !== 'number') throw bad();
+      return { tag, val };
+    case 'boolean':
+      if (typeof val !== 'boolean') throw bad();
+      return { tag, val };
+    case 'bytes':
+      if (!isBinary(val)) throw bad();
+      return { tag, val: toBytes(val) };
+    case 'null':
+      return { tag };
+    default:
+      throw bad();
+  }
+}
+
+// 64-bit integers as each engine lowers them: BigInt, or a number on QuickJS.
+function u64(n) {
+  return QUICKJS ? Number(n) : n;
+}
+const s64 = u64;
+
+function isBinary(value) {
+  return ArrayBuffer.isView(value) || Object.prototype.toString.call(value) === '[object ArrayBuffer]';
+}
+
+function toBytes(value) {
+  if (value instanceof Uint8Array) return value;
+  if (ArrayBuffer.isView(value)) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
+  return new Uint8Array(value);
+}
+
+// QuickJS has no TextEncoder. Lone surrogates become U+FFFD, as with TextEncoder.
+function encodeUtf8(text) {
+  if (typeof TextEncoder !== 'undefined') return new TextEncoder().encode(text);
+  const out = [];
+  for (let i = 0; i < text.length; i++) {
+    let cp = text.charCodeAt(i);
+    if (cp >= 0xd800 && cp < 0xdc00 && i + 1 < text.length) {
+      const low = text.charCodeAt(i + 1);
+      if (low >= 0xdc00 && low < 0xe000) {
+        cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+        i++;
+      }
+    }
+    if (cp >= 0xd800 && cp < 0xe000) cp = 0xfffd;
+    if (cp < 0x80) out.push(cp);
+    else if (cp < 0x800) out.push(0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
+    else if (cp < 0x10000) out.push(0xe0 | (cp >> 12), 0x80 | ((cp >> 6) & 0x3f), 0x80 | (cp & 0x3f));
+    else out.push(0xf0 | (cp >> 18), 0x80 | ((cp >> 12) & 0x3f), 0x80 | ((cp >> 6) & 0x3f), 0x80 | (cp & 0x3f));
+  }
+  return new Uint8Array(out);
+}
+
 
 const UNDECODED = Symbol('undecoded');
 

@@ -3,5 +3,9 @@ import { handler, ack, log } from 'wharf';
 
 export const handle = handler((d) => {
   log.info(`attempt ${d.attempt} of ${JSON.stringify(d.text ?? '<binary>')}`);
+  // To publish a message if this delivery is acked (import `send` from
+  // 'wharf'; the mount must grant the address, see wharf.toml):
+  //   send('{{name}}.out', { body: d.body, subject: 'processed' });
+  // It throws a SendError (`e.code`: 'denied', 'too-many', 'too-large').
   return ack();
 });
