@@ -1,6 +1,8 @@
 """Decides by the body: `retry` retries at once, `later` retries after a delay
 (the application property `delay-ms`, default 1000), `bad` is dropped,
-anything else is acknowledged."""
+anything else is acknowledged. `publish:ADDRESS` also sends the body on to
+ADDRESS (and answers the message's reply-to, if it has one), published with
+the ack; it is dropped if the mount does not grant that."""
 
 import wharf
 
@@ -14,11 +16,24 @@ def handle(d: wharf.Delivery) -> wharf.Outcome:
         outcome = wharf.retry_after(delay_ms(d))
     elif body == "bad":
         outcome = wharf.drop()
+    elif body is not None and body.startswith("publish:"):
+        outcome = publish(d, body[len("publish:") :])
     else:
         outcome = wharf.ack()
     shown = body if body is not None else "<binary>"
     wharf.log.info(f'attempt {d.attempt} of "{shown}": {outcome}')
     return outcome
+
+
+def publish(d: wharf.Delivery, address: str) -> wharf.Outcome:
+    try:
+        wharf.send(address, d.body, subject="flaky", properties={"attempt": d.attempt})
+        if d.reply_to is not None:
+            wharf.reply(f"sent to {address}")
+    except wharf.SendError as e:
+        wharf.log.warn(str(e))
+        return wharf.drop()
+    return wharf.ack()
 
 
 def delay_ms(d: wharf.Delivery) -> int:

@@ -20,6 +20,17 @@ class FlakyTest(unittest.TestCase):
         d = wharf.Delivery(b"later", properties=[wharf.Property("delay-ms", "soon")])
         self.assertEqual(handle(d), wharf.retry_after(1000))
 
+    def test_publish(self) -> None:
+        wharf.outputs.clear()
+        d = wharf.Delivery(b"publish:out.a", reply_to="rq")
+        self.assertEqual(handle(d), wharf.ack())
+        sent, replied = wharf.outputs
+        self.assertEqual(sent.address, "out.a")
+        self.assertEqual(sent.message.body, b"publish:out.a")
+        self.assertEqual(sent.message.properties, [wharf.Property("attempt", 1)])
+        self.assertEqual(replied, wharf.Output(None, wharf.Message(b"sent to out.a")))
+        wharf.outputs.clear()
+
 
 if __name__ == "__main__":
     unittest.main()
