@@ -1,10 +1,13 @@
 // Decides by the body: "retry" retries at once, "later" retries after a
 // delay (the application property delay-ms, default 1000), "bad" is
-// dropped, anything else is acknowledged.
+// dropped, anything else is acknowledged. "publish:ADDRESS" also sends the
+// body on to ADDRESS (and answers the message's reply-to, if it has one),
+// published with the ack; it is dropped if the mount does not grant that.
 package main
 
 import (
 	"strconv"
+	"strings"
 
 	wharf "github.com/wharf-rs/wharf/guest-sdk/go"
 )
@@ -19,6 +22,8 @@ func handle(d wharf.Delivery) wharf.Outcome {
 		outcome = wharf.RetryAfterMillis(delayMs(d))
 	case ok && body == "bad":
 		outcome = wharf.Drop()
+	case ok && strings.HasPrefix(body, "publish:"):
+		outcome = publish(d, strings.TrimPrefix(body, "publish:"))
 	default:
 		outcome = wharf.Ack()
 	}
@@ -27,6 +32,22 @@ func handle(d wharf.Delivery) wharf.Outcome {
 	}
 	wharf.Infof("attempt %d of %q: %v", d.Attempt, body, outcome)
 	return outcome
+}
+
+func publish(d wharf.Delivery, address string) wharf.Outcome {
+	err := wharf.Send(address, wharf.Message{
+		Body:       d.Body,
+		Subject:    "flaky",
+		Properties: []wharf.Property{{Key: "attempt", Value: int64(d.Attempt)}},
+	})
+	if err == nil && d.ReplyTo != "" {
+		err = wharf.Reply(wharf.Message{Body: []byte("sent to " + address)})
+	}
+	if err != nil {
+		wharf.Warn(err.Error())
+		return wharf.Drop()
+	}
+	return wharf.Ack()
 }
 
 func delayMs(d wharf.Delivery) uint64 {

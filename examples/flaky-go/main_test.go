@@ -29,3 +29,22 @@ func TestOutcomes(t *testing.T) {
 		}
 	}
 }
+
+func TestPublish(t *testing.T) {
+	wharf.ResetOutputs()
+	defer wharf.ResetOutputs()
+	got := handle(wharf.Delivery{Body: []byte("publish:out.a"), ReplyTo: "rq", Attempt: 1})
+	if got.Kind() != wharf.OutcomeAck {
+		t.Fatalf("got %v", got)
+	}
+	outputs := wharf.Outputs()
+	if len(outputs) != 2 {
+		t.Fatalf("outputs: %+v", outputs)
+	}
+	if o := outputs[0]; o.Address != "out.a" || string(o.Message.Body) != "publish:out.a" || o.Message.Subject != "flaky" {
+		t.Errorf("sent %+v", o)
+	}
+	if o := outputs[1]; !o.Reply || string(o.Message.Body) != "sent to out.a" {
+		t.Errorf("replied %+v", o)
+	}
+}

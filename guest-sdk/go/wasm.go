@@ -3,13 +3,16 @@
 package wharf
 
 import (
+	"fmt"
 	"time"
 
 	_ "github.com/wharf-rs/wharf/guest-sdk/go/internal/bindings/exports/wit_exports"
 
 	"github.com/wharf-rs/wharf/guest-sdk/go/internal/bindings/exports/export_wit_world"
 	"github.com/wharf-rs/wharf/guest-sdk/go/internal/bindings/imports/wharf_handler_log"
+	outbox "github.com/wharf-rs/wharf/guest-sdk/go/internal/bindings/imports/wharf_handler_outbox"
 	types "github.com/wharf-rs/wharf/guest-sdk/go/internal/bindings/imports/wharf_handler_types"
+	witTypes "go.bytecodealliance.org/pkg/wit/types"
 )
 
 func init() {
@@ -80,4 +83,79 @@ func lower(o Outcome) types.Outcome {
 
 func writeLog(level Level, message string) {
 	wharf_handler_log.Log(wharf_handler_log.Level(level), message)
+}
+
+func publish(address string, reply bool, m Message) error {
+	var result witTypes.Result[witTypes.Unit, outbox.SendError]
+	if reply {
+		result = outbox.Reply(lowerMessage(m))
+	} else {
+		result = outbox.Send(address, lowerMessage(m))
+	}
+	if !result.IsErr() {
+		return nil
+	}
+	switch result.Err() {
+	case outbox.SendError_Denied:
+		return ErrDenied
+	case outbox.SendError_TooMany:
+		return ErrTooMany
+	case outbox.SendError_TooLarge:
+		return ErrTooLarge
+	case outbox.SendError_NoReplyTo:
+		return ErrNoReplyTo
+	}
+	return fmt.Errorf("send-error %d", result.Err())
+}
+
+// lowerMessage takes a normalized message.
+func lowerMessage(m Message) outbox.Message {
+	props := make([]types.Property, len(m.Properties))
+	for i, p := range m.Properties {
+		props[i] = types.Property{Key: p.Key, Value: lowerValue(p.Value)}
+	}
+	delay := witTypes.None[uint64]()
+	if ms, ok := m.delayMillis(); ok {
+		delay = witTypes.Some(ms)
+	}
+	return outbox.Message{
+		Body:          m.Body,
+		ContentType:   optional(m.ContentType),
+		Subject:       optional(m.Subject),
+		MessageId:     optional(m.MessageID),
+		CorrelationId: optional(m.CorrelationID),
+		Properties:    props,
+		Durable:       !m.Transient,
+		Delay:         delay,
+	}
+}
+
+func optional(s string) witTypes.Option[string] {
+	if s == "" {
+		return witTypes.None[string]()
+	}
+	return witTypes.Some(s)
+}
+
+// lowerValue takes a value normalValue returned.
+func lowerValue(v Value) types.Value {
+	switch v := v.(type) {
+	case string:
+		return types.MakeValueString(v)
+	case int64:
+		return types.MakeValueInt(v)
+	case uint64:
+		return types.MakeValueUint(v)
+	case float64:
+		return types.MakeValueFloat(v)
+	case bool:
+		return types.MakeValueBoolean(v)
+	case []byte:
+		return types.MakeValueBytes(v)
+	case time.Time:
+		return types.MakeValueTimestamp(v.UnixMilli())
+	case Other:
+		return types.MakeValueOther(string(v))
+	}
+	return types.MakeValueNull()
 }

@@ -25,12 +25,14 @@
 //
 // The host owns the broker: it settles the message by the outcome you
 // return, counts attempts, dead-letters and publishes delayed copies. A panic
-// counts as Retry.
+// counts as Retry. Send and Reply publish messages of the handler's own,
+// only if it returns Ack.
 //
 // Build for wasip1 as a c-shared module, then turn it into a component with
 // `wharf componentize` (the project's Makefile does both). Off wasm (go test), the
-// package works too: Register only records the handler and the log functions
-// write to stderr, so handler logic can be unit-tested natively.
+// package works too: Register only records the handler, the log functions
+// write to stderr and Send and Reply record their messages for Outputs, so
+// handler logic can be unit-tested natively.
 package wharf
 
 import (

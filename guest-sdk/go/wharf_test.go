@@ -1,6 +1,7 @@
 package wharf
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -52,5 +53,58 @@ func TestDelivery(t *testing.T) {
 	}
 	if _, ok := d.Property("missing"); ok {
 		t.Error("missing property found")
+	}
+}
+
+func TestSendRecordsOffWasm(t *testing.T) {
+	ResetOutputs()
+	defer ResetOutputs()
+	at := time.UnixMilli(1000).UTC()
+	if err := Send("out.a", Message{
+		Body:       []byte("hi"),
+		Subject:    "s",
+		Properties: []Property{{Key: "n", Value: 5}, {Key: "u", Value: uint8(7)}, {Key: "f", Value: float32(1.5)}, {Key: "t", Value: at}},
+		Delay:      1500 * time.Millisecond,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Reply(Message{Body: []byte("pong")}); err != nil {
+		t.Fatal(err)
+	}
+	got := Outputs()
+	if len(got) != 2 {
+		t.Fatalf("Outputs() = %v", got)
+	}
+	sent, replied := got[0], got[1]
+	if sent.Address != "out.a" || sent.Reply || string(sent.Message.Body) != "hi" || sent.Message.Subject != "s" {
+		t.Errorf("sent = %+v", sent)
+	}
+	want := []Property{{Key: "n", Value: int64(5)}, {Key: "u", Value: uint64(7)}, {Key: "f", Value: float64(1.5)}, {Key: "t", Value: at}}
+	for i, p := range sent.Message.Properties {
+		if p != want[i] {
+			t.Errorf("property %d = %#v, want %#v", i, p, want[i])
+		}
+	}
+	if ms, ok := sent.Message.delayMillis(); !ok || ms != 1500 {
+		t.Errorf("delay = %d, %v", ms, ok)
+	}
+	if replied.Address != "" || !replied.Reply || string(replied.Message.Body) != "pong" {
+		t.Errorf("replied = %+v", replied)
+	}
+	ResetOutputs()
+	if got := Outputs(); len(got) != 0 {
+		t.Errorf("after ResetOutputs: %v", got)
+	}
+}
+
+func TestSendRefusesUnsupportedValues(t *testing.T) {
+	ResetOutputs()
+	defer ResetOutputs()
+	err := Send("out.a", Message{Properties: []Property{{Key: "c", Value: complex(1, 2)}}})
+	if err == nil || errors.Is(err, ErrDenied) {
+		t.Fatalf("Send with a complex property: %v", err)
+	}
+	if got := Outputs(); len(got) != 0 {
+		t.Errorf("a refused message was recorded: %v", got)
 	}
 }
