@@ -73,6 +73,34 @@ enum Command {
         #[arg(required = true)]
         bodies: Vec<String>,
     },
+    /// Send one request with a `reply-to` and print the reply (to try a
+    /// handler that replies).
+    Request {
+        /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672.
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        url: Option<String>,
+        /// Connect as this config file's `[broker]` does (TLS, SASL, secrets).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// With `--config`: the broker of this tenant instead of the default.
+        #[arg(long, requires = "config")]
+        tenant: Option<String>,
+        /// The address to send the request to.
+        #[arg(long)]
+        address: String,
+        /// The request's body.
+        #[arg(long, default_value = "")]
+        body: String,
+        /// An application property, `key=value` (a string); repeatable.
+        #[arg(long = "property", short = 'p', value_parser = parse_property)]
+        properties: Vec<(String, String)>,
+        /// Where the reply goes; by default a queue named after the request.
+        #[arg(long)]
+        reply_to: Option<String>,
+        /// How long to wait for the reply.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
     /// Run one delivery through a handler component, without a broker, and
     /// print its outcome.
     Invoke {
@@ -187,20 +215,38 @@ async fn run(command: Command) -> anyhow::Result<()> {
             properties,
             bodies,
         } => {
-            let broker = send_broker(url, config, tenant)?;
-            let url = broker.urls.first().context("the broker names no URL")?;
-            let mut connect = ConnectOptions::of(&broker);
-            connect.container_id = format!("wharf-send-{}", std::process::id());
             let options = SendOptions {
-                endpoint: Endpoint::parse(url).map_err(anyhow::Error::msg)?,
-                connect,
                 address,
                 properties,
                 timeout: Duration::from_secs(30),
+                ..send_options(url, config, tenant, "send")?
             };
             wharf::broker::send(&options, &bodies)
                 .await
                 .context("send failed")
+        }
+        Command::Request {
+            url,
+            config,
+            tenant,
+            address,
+            body,
+            properties,
+            reply_to,
+            timeout,
+        } => {
+            let options = SendOptions {
+                address,
+                properties,
+                timeout,
+                reply_to,
+                ..send_options(url, config, tenant, "request")?
+            };
+            let reply = wharf::broker::request(&options, &body)
+                .await
+                .context("request failed")?;
+            println!("{}", String::from_utf8_lossy(&reply.body));
+            Ok(())
         }
         Command::Invoke {
             module,
@@ -269,6 +315,28 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot write `{}`", output.display()))
         }
     }
+}
+
+/// How `wharf send` or `wharf request` (`command`) reaches the broker of
+/// [`send_broker`], to be completed with what to send.
+fn send_options(
+    url: Option<String>,
+    config: Option<PathBuf>,
+    tenant: Option<String>,
+    command: &str,
+) -> anyhow::Result<SendOptions> {
+    let broker = send_broker(url, config, tenant)?;
+    let url = broker.urls.first().context("the broker names no URL")?;
+    let mut connect = ConnectOptions::of(&broker);
+    connect.container_id = format!("wharf-{command}-{}", std::process::id());
+    Ok(SendOptions {
+        endpoint: Endpoint::parse(url).map_err(anyhow::Error::msg)?,
+        connect,
+        address: String::new(),
+        properties: Vec::new(),
+        timeout: Duration::from_secs(30),
+        reply_to: None,
+    })
 }
 
 /// The broker `wharf send` publishes to: a URL, or a config's broker (a

@@ -421,3 +421,44 @@ async fn an_output_the_broker_refuses_keeps_its_input() -> anyhow::Result<()> {
     client.close().await;
     delete(&q).await
 }
+
+/// `wharf request` against the rpc example on the broker at `url`.
+async fn request_to_the_rpc_example(url: &str, address: &str) -> anyhow::Result<()> {
+    let mount = MountToml::new("rpc", "rpc", address)
+        .with("[tenant.mount.grants]")
+        .with("reply = true");
+    let host = TestHost::start(url, &[mount]).await?;
+    let output = tokio::process::Command::new(crate::process::wharf_binary())
+        .args([
+            "request",
+            "--url",
+            url,
+            "--address",
+            address,
+            "--body",
+            "world",
+        ])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "wharf request: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "hello, world\n");
+    host.stop().await
+}
+
+#[tokio::test]
+async fn wharf_request_prints_the_reply_on_artemis() -> anyhow::Result<()> {
+    request_to_the_rpc_example(&artemis_url(), &unique("rpc-example")).await
+}
+
+#[tokio::test]
+async fn wharf_request_prints_the_reply_on_rabbitmq4() -> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    let q = unique("rmq4-rpc-example");
+    declare(&q, "quorum", "").await?;
+    request_to_the_rpc_example(&rabbitmq4_url(), &format!("/queues/{q}")).await?;
+    delete(&q).await
+}

@@ -20,7 +20,7 @@ pub use endpoint::{Endpoint, redact};
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
 pub use pool::{BrokerPool, PoolStatus, PooledSession};
 pub use publisher::{Offered, OutputsOn, Publisher, PublisherTask, SenderTarget};
-pub use send::{SendOptions, send};
+pub use send::{Reply, SendOptions, request, send};
 pub use subscription::{Inbound, Received, ReceiverOptions, Subscription};
 
 /// How long to wait for the broker to answer a detach, end or close.

@@ -1,9 +1,13 @@
-//! `wharf send`: publish a few messages by hand.
+//! `wharf send` and `wharf request`: publish a few messages by hand, or
+//! one request and wait for its reply.
 
 use std::time::Duration;
 
-use fe2o3_amqp::Sender;
-use fe2o3_amqp::types::messaging::{ApplicationProperties, Header, Message, Outcome, Properties};
+use fe2o3_amqp::types::messaging::{
+    AmqpValue, ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties,
+};
+use fe2o3_amqp::types::primitives::Value;
+use fe2o3_amqp::{Receiver, Sender};
 
 use super::error::{AttachFailure, PublishFailure};
 use super::{BrokerConnection, BrokerError, ConnectOptions, Endpoint};
@@ -19,8 +23,10 @@ pub struct SendOptions {
     pub address: String,
     /// String application properties every message carries.
     pub properties: Vec<(String, String)>,
-    /// How long each publish may take.
+    /// How long each publish may take (`wharf request`: the whole exchange).
     pub timeout: Duration,
+    /// `wharf request`: where the reply goes, instead of a queue of its own.
+    pub reply_to: Option<String>,
 }
 
 /// Publishes one durable message per body and waits for the broker to
@@ -41,23 +47,8 @@ pub async fn send(options: &SendOptions, bodies: &[String]) -> Result<(), Broker
             source: AttachFailure::Sender(e),
         })?;
     for (n, body) in bodies.iter().enumerate() {
-        let mut app = ApplicationProperties::builder();
-        for (key, value) in &options.properties {
-            app = app.insert(key.as_str(), value.as_str());
-        }
-        let message = Message::builder()
-            .header(Header {
-                durable: true,
-                ..Header::default()
-            })
-            .properties(
-                Properties::builder()
-                    .message_id(format!("wharf-send-{}-{n}", std::process::id()))
-                    .build(),
-            )
-            .application_properties(app.build())
-            .value(body.as_str())
-            .build();
+        let id = format!("wharf-send-{}-{n}", std::process::id());
+        let message = message(options, body, Properties::builder().message_id(id).build());
         match tokio::time::timeout(options.timeout, sender.send(message)).await {
             Ok(Ok(Outcome::Accepted(_))) => println!("sent {body:?} to {address}"),
             Ok(Ok(other)) => {
@@ -71,4 +62,123 @@ pub async fn send(options: &SendOptions, bodies: &[String]) -> Result<(), Broker
     let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
     connection.close(super::CLOSE_TIMEOUT).await;
     Ok(())
+}
+
+/// A durable message with `body` (an `amqp-value` string), `properties`
+/// and the options' application properties.
+fn message(
+    options: &SendOptions,
+    body: &str,
+    properties: Properties,
+) -> Message<AmqpValue<String>> {
+    let mut app = ApplicationProperties::builder();
+    for (key, value) in &options.properties {
+        app = app.insert(key.as_str(), value.as_str());
+    }
+    Message::builder()
+        .header(Header {
+            durable: true,
+            ..Header::default()
+        })
+        .properties(properties)
+        .application_properties(app.build())
+        .value(body.to_owned())
+        .build()
+}
+
+/// A reply `wharf request` received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// Its body: the bytes of its `data` sections, or an `amqp-value`
+    /// string's.
+    pub body: Vec<u8>,
+    /// The address it was read from.
+    pub reply_to: String,
+}
+
+/// Sends `body` to the options' address with a `reply-to` of its own (a
+/// queue the broker creates on first use, named after this process) and a
+/// fresh message-id, and waits up to the options' time-out for the answer
+/// correlated with it; other messages on that queue are left there.
+pub async fn request(options: &SendOptions, body: &str) -> Result<Reply, BrokerError> {
+    let mut connection = BrokerConnection::open(&options.endpoint, &options.connect).await?;
+    let mut session = connection.begin_session().await?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let id = format!("wharf-request-{}-{nanos}", std::process::id());
+    let reply_to = match &options.reply_to {
+        Some(address) => address.clone(),
+        None => id.clone(),
+    };
+    let attach_error = |address: &str, role, source| BrokerError::Attach {
+        address: address.to_owned(),
+        role,
+        source,
+    };
+    // Listening before the request goes out, so the reply cannot be missed.
+    let mut receiver = Receiver::attach(&mut session, "wharf-request-replies", reply_to.as_str())
+        .await
+        .map_err(|e| attach_error(&reply_to, "receiver", AttachFailure::Receiver(e)))?;
+    let address = options.address.as_str();
+    let mut sender = Sender::attach(&mut session, "wharf-request", address)
+        .await
+        .map_err(|e| attach_error(address, "sender", AttachFailure::Sender(e)))?;
+    let properties = Properties {
+        reply_to: Some(reply_to.clone()),
+        ..Properties::builder().message_id(id.clone()).build()
+    };
+    let publish_error = |source| BrokerError::Publish {
+        address: address.to_owned(),
+        source,
+    };
+    let deadline = tokio::time::Instant::now() + options.timeout;
+    let sent = tokio::time::timeout_at(deadline, sender.send(message(options, body, properties)));
+    match sent.await {
+        Ok(Ok(Outcome::Accepted(_))) => {}
+        Ok(Ok(other)) => return Err(publish_error(PublishFailure::Refused(format!("{other:?}")))),
+        Ok(Err(e)) => return Err(publish_error(PublishFailure::Send(e))),
+        Err(_) => return Err(publish_error(PublishFailure::TimedOut(options.timeout))),
+    }
+    let no_reply = || BrokerError::Publish {
+        address: reply_to.clone(),
+        source: PublishFailure::Refused(format!(
+            "no reply correlated with `{id}` within {:?}",
+            options.timeout
+        )),
+    };
+    let reply = loop {
+        let delivery = match tokio::time::timeout_at(deadline, receiver.recv::<Body<Value>>()).await
+        {
+            Ok(Ok(delivery)) => delivery,
+            Ok(Err(_)) | Err(_) => return Err(no_reply()),
+        };
+        let correlated = delivery
+            .message()
+            .properties
+            .as_ref()
+            .and_then(|p| p.correlation_id.as_ref())
+            .is_some_and(|c| matches!(c, MessageId::String(c) if *c == id));
+        if !correlated {
+            let _ = receiver.release(&delivery).await;
+            continue;
+        }
+        let _ = receiver.accept(&delivery).await;
+        break delivery.into_message();
+    };
+    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, sender.close()).await;
+    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, receiver.close()).await;
+    let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
+    connection.close(super::CLOSE_TIMEOUT).await;
+    let body = match reply.body {
+        Body::Data(sections) => sections.iter().flat_map(|d| d.0.to_vec()).collect(),
+        Body::Value(value) => match value.0 {
+            Value::String(s) => s.into_bytes(),
+            Value::Binary(b) => b.to_vec(),
+            other => format!("{other:?}").into_bytes(),
+        },
+        other => format!("{other:?}").into_bytes(),
+    };
+    Ok(Reply { body, reply_to })
 }
