@@ -1,6 +1,8 @@
 /* Decides by the body: "retry" retries at once, "later" retries after a
  * delay (the application property delay-ms, default 1000), "bad" is
- * dropped, anything else is acknowledged. */
+ * dropped, anything else is acknowledged. "publish:ADDRESS" also sends the
+ * body on to ADDRESS (and answers the message's reply-to, if it has one),
+ * published with the ack; it is dropped if the mount does not grant that. */
 #include "wharf.h"
 
 static uint64_t delay_ms(const wharf_delivery_t *d) {
@@ -30,6 +32,42 @@ static uint64_t delay_ms(const wharf_delivery_t *d) {
     }
 }
 
+static bool starts_with(wharf_str_t s, const char *prefix) {
+    size_t i = 0;
+    for (; prefix[i]; i++) {
+        if (i >= s.len || s.ptr[i] != prefix[i])
+            return false;
+    }
+    return true;
+}
+
+static wharf_outcome_t publish(const wharf_delivery_t *d, wharf_str_t address) {
+    wharf_property_t props[] = {wharf_prop("attempt", wharf_value_int(d->attempt))};
+    wharf_message_t m = {
+        .body = d->body,
+        .subject = wharf_str("flaky"),
+        .properties = props,
+        .properties_len = 1,
+    };
+    wharf_send_error_t e = wharf_send_str(address, &m);
+    if (e == WHARF_SEND_OK && d->reply_to) {
+        /* "sent to " and the address, in a buffer of the handler's own. */
+        char text[256];
+        size_t n = 0;
+        for (const char *p = "sent to "; *p; p++)
+            text[n++] = *p;
+        for (size_t i = 0; i < address.len && n < sizeof text; i++)
+            text[n++] = address.ptr[i];
+        wharf_message_t answer = {.body = {(const uint8_t *)text, n}};
+        e = wharf_reply(&answer);
+    }
+    if (e != WHARF_SEND_OK) {
+        wharf_warn("publish to \"%.*s\": %s", WHARF_STR_ARG(address), wharf_send_error_name(e));
+        return wharf_drop();
+    }
+    return wharf_ack();
+}
+
 wharf_outcome_t handle(const wharf_delivery_t *d) {
     wharf_str_t body = wharf_body_str(d);
     bool text = wharf_body_is_utf8(d);
@@ -40,7 +78,10 @@ wharf_outcome_t handle(const wharf_delivery_t *d) {
         outcome = wharf_retry_after(delay_ms(d));
     else if (text && wharf_str_eq(body, "bad"))
         outcome = wharf_drop();
-    else
+    else if (text && starts_with(body, "publish:")) {
+        wharf_str_t address = {body.ptr + 8, body.len - 8};
+        outcome = publish(d, address);
+    } else
         outcome = wharf_ack();
     if (!text)
         body = wharf_str("<binary>");

@@ -157,6 +157,81 @@ void wharf_log(wharf_level_t level, wharf_str_t message) {
     wharf_handler_log_log((wharf_handler_log_level_t)level, &s);
 }
 
+/* ---- publishing ---- */
+
+_Static_assert(WHARF_SEND_DENIED == WHARF_HANDLER_OUTBOX_SEND_ERROR_DENIED + 1 &&
+                   WHARF_SEND_TOO_MANY == WHARF_HANDLER_OUTBOX_SEND_ERROR_TOO_MANY + 1 &&
+                   WHARF_SEND_TOO_LARGE == WHARF_HANDLER_OUTBOX_SEND_ERROR_TOO_LARGE + 1 &&
+                   WHARF_SEND_NO_REPLY_TO == WHARF_HANDLER_OUTBOX_SEND_ERROR_NO_REPLY_TO + 1,
+               "send errors");
+
+static handler_option_string_t opt_out(wharf_str_t s) {
+    handler_option_string_t o;
+    o.is_some = s.len > 0;
+    o.val.ptr = (uint8_t *)s.ptr;
+    o.val.len = s.len;
+    return o;
+}
+
+/* The host copies the message during the call: it is lowered in place. */
+static wharf_handler_outbox_message_t lower_message(const wharf_message_t *m) {
+    wharf_handler_outbox_message_t g;
+    g.body.ptr = (uint8_t *)m->body.ptr;
+    g.body.len = m->body.len;
+    g.content_type = opt_out(m->content_type);
+    g.subject = opt_out(m->subject);
+    g.message_id = opt_out(m->message_id);
+    g.correlation_id = opt_out(m->correlation_id);
+    g.properties.ptr = (wharf_handler_outbox_property_t *)m->properties;
+    g.properties.len = m->properties ? m->properties_len : 0;
+    g.durable = !m->transient;
+    g.delay.is_some = m->delay_ms > 0;
+    g.delay.val = m->delay_ms;
+    return g;
+}
+
+wharf_send_error_t wharf_send_str(wharf_str_t address, const wharf_message_t *m) {
+    handler_string_t a = {(uint8_t *)address.ptr, address.len};
+    wharf_handler_outbox_message_t g = lower_message(m);
+    wharf_handler_outbox_send_error_t err;
+    if (wharf_handler_outbox_send(&a, &g, &err))
+        return WHARF_SEND_OK;
+    return (wharf_send_error_t)(err + 1);
+}
+
+wharf_send_error_t wharf_send(const char *address, const wharf_message_t *m) {
+    return wharf_send_str(wharf_str(address), m);
+}
+
+wharf_send_error_t wharf_reply(const wharf_message_t *m) {
+    wharf_handler_outbox_message_t g = lower_message(m);
+    wharf_handler_outbox_send_error_t err;
+    if (wharf_handler_outbox_reply(&g, &err))
+        return WHARF_SEND_OK;
+    return (wharf_send_error_t)(err + 1);
+}
+
+const char *wharf_send_error_name(wharf_send_error_t e) {
+    switch (e) {
+    case WHARF_SEND_OK:
+        return "ok";
+    case WHARF_SEND_DENIED:
+        return "denied";
+    case WHARF_SEND_TOO_MANY:
+        return "too-many";
+    case WHARF_SEND_TOO_LARGE:
+        return "too-large";
+    case WHARF_SEND_NO_REPLY_TO:
+        return "no-reply-to";
+    }
+    return "unknown";
+}
+
+wharf_bytes_t wharf_text(const char *s) {
+    wharf_bytes_t b = {(const uint8_t *)s, s ? strlen(s) : 0};
+    return b;
+}
+
 /* ---- formatting, the same with wasi-libc and without any libc ---- */
 
 typedef struct sink {

@@ -15,7 +15,9 @@
  *
  * The host owns the broker: it settles the message by the outcome you
  * return, counts attempts, dead-letters and publishes delayed copies. A trap
- * (abort, __builtin_trap, a bad memory access) counts as retry.
+ * (abort, __builtin_trap, a bad memory access) counts as retry. wharf_send
+ * and wharf_reply publish messages of the handler's own, only if it returns
+ * wharf_ack().
  *
  * Everything a delivery points to lives until `handle` returns; copy what
  * you need beyond that. Strings are UTF-8 views, not NUL-terminated: print
@@ -171,6 +173,106 @@ bool wharf_body_is_utf8(const wharf_delivery_t *d);
 const wharf_value_t *wharf_property(const wharf_delivery_t *d, const char *key);
 /* The application property key if it is a string: true and *out set. */
 bool wharf_property_str(const wharf_delivery_t *d, const char *key, wharf_str_t *out);
+
+/* ---- Publishing ---- */
+
+/* A message to publish with wharf_send or wharf_reply. Zero-initialised
+ * fields are not set: an empty view is no such property, delay_ms 0 is no
+ * delay, and the message is durable unless `transient`. wharf_send and
+ * wharf_reply copy what it points to before they return. */
+typedef struct wharf_message {
+    /* The body, sent as one data section (wharf_text("...") for a string). */
+    wharf_bytes_t body;
+    /* properties.content-type and .subject. */
+    wharf_str_t content_type;
+    wharf_str_t subject;
+    /* properties.message-id. When empty the host derives one from the
+     * delivery's message-id and the output's index, so a redelivered
+     * message publishes its outputs with the same ids. */
+    wharf_str_t message_id;
+    /* properties.correlation-id. When empty wharf_reply takes the
+     * delivery's correlation-id, else its message-id. */
+    wharf_str_t correlation_id;
+    /* Application properties (a delivery's can be passed on as they are). */
+    const wharf_property_t *properties;
+    size_t properties_len;
+    /* The broker may keep it in memory only (header.durable false). */
+    bool transient;
+    /* Deliver no sooner than this many milliseconds after publishing, on
+     * brokers that schedule messages (Artemis); 0: no delay. */
+    uint64_t delay_ms;
+} wharf_message_t;
+
+/* What wharf_send and wharf_reply return. On an error nothing of the
+ * message was kept. */
+typedef enum wharf_send_error {
+    WHARF_SEND_OK = 0,
+    /* The mount does not grant it: grants.send for the address,
+     * grants.reply for a reply. */
+    WHARF_SEND_DENIED = 1,
+    /* The delivery already has the mount's max_outputs messages. */
+    WHARF_SEND_TOO_MANY = 2,
+    /* The delivery's messages would exceed the mount's max_output_bytes. */
+    WHARF_SEND_TOO_LARGE = 3,
+    /* wharf_reply on a delivery without a reply-to. */
+    WHARF_SEND_NO_REPLY_TO = 4,
+} wharf_send_error_t;
+
+/* Publishes *m to `address` (NUL-terminated) if the handler returns
+ * wharf_ack(), before the delivery is accepted; any other outcome or a trap
+ * discards it. */
+wharf_send_error_t wharf_send(const char *address, const wharf_message_t *m);
+/* wharf_send with the address as a view. */
+wharf_send_error_t wharf_send_str(wharf_str_t address, const wharf_message_t *m);
+/* Publishes *m to the delivery's reply-to if the handler returns
+ * wharf_ack(); its correlation-id, unless set, is the delivery's
+ * correlation-id, else its message-id. */
+wharf_send_error_t wharf_reply(const wharf_message_t *m);
+/* "ok", "denied", "too-many", "too-large", "no-reply-to". */
+const char *wharf_send_error_name(wharf_send_error_t e);
+
+/* The bytes of a NUL-terminated string, e.g. for a message body. */
+wharf_bytes_t wharf_text(const char *s);
+
+/* Property values and properties, e.g. for wharf_message_t.properties:
+ *     wharf_property_t props[] = {wharf_prop("n", wharf_value_int(3))}; */
+static inline wharf_value_t wharf_value_str(wharf_str_t s) {
+    wharf_value_t v = {WHARF_VALUE_STRING, {.str = s}};
+    return v;
+}
+static inline wharf_value_t wharf_value_int(int64_t i) {
+    wharf_value_t v = {WHARF_VALUE_INT, {.i = i}};
+    return v;
+}
+static inline wharf_value_t wharf_value_uint(uint64_t u) {
+    wharf_value_t v = {WHARF_VALUE_UINT, {.u = u}};
+    return v;
+}
+static inline wharf_value_t wharf_value_float(double f) {
+    wharf_value_t v = {WHARF_VALUE_FLOAT, {.f = f}};
+    return v;
+}
+static inline wharf_value_t wharf_value_bool(bool b) {
+    wharf_value_t v = {WHARF_VALUE_BOOL, {.b = b}};
+    return v;
+}
+static inline wharf_value_t wharf_value_bytes(wharf_bytes_t bytes) {
+    wharf_value_t v = {WHARF_VALUE_BYTES, {.bytes = bytes}};
+    return v;
+}
+static inline wharf_value_t wharf_value_timestamp(int64_t ms) {
+    wharf_value_t v = {WHARF_VALUE_TIMESTAMP, {.timestamp_ms = ms}};
+    return v;
+}
+static inline wharf_value_t wharf_value_null(void) {
+    wharf_value_t v = {WHARF_VALUE_NULL, {.i = 0}};
+    return v;
+}
+/* A property called `key` (NUL-terminated). */
+static inline wharf_property_t wharf_prop(const char *key, wharf_value_t value) {
+    wharf_property_t p = {wharf_str(key), value};
+    return p;
+}
 
 /* Log levels of the host's log. */
 typedef enum wharf_level {

@@ -3,10 +3,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `wharf:handler/log@0.1.0`
+// Imported Functions from `wharf:handler/log@0.2.0`
 
-__attribute__((__import_module__("wharf:handler/log@0.1.0"), __import_name__("log")))
+__attribute__((__import_module__("wharf:handler/log@0.2.0"), __import_name__("log")))
 extern void __wasm_import_wharf_handler_log_log(int32_t, uint8_t *, size_t);
+
+// Imported Functions from `wharf:handler/outbox@0.2.0`
+
+__attribute__((__import_module__("wharf:handler/outbox@0.2.0"), __import_name__("send")))
+extern void __wasm_import_wharf_handler_outbox_send(uint8_t *, uint8_t *);
+
+__attribute__((__import_module__("wharf:handler/outbox@0.2.0"), __import_name__("reply")))
+extern void __wasm_import_wharf_handler_outbox_reply(uint8_t *, uint8_t *);
 
 // Exported Functions from `handler`
 
@@ -112,6 +120,42 @@ void wharf_handler_types_outcome_free(wharf_handler_types_outcome_t *ptr) {
   }
 }
 
+void wharf_handler_outbox_property_free(wharf_handler_outbox_property_t *ptr) {
+  wharf_handler_types_property_free(ptr);
+}
+
+void wharf_handler_outbox_list_property_free(wharf_handler_outbox_list_property_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    wharf_handler_outbox_property_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      wharf_handler_outbox_property_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void handler_option_u64_free(handler_option_u64_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
+void wharf_handler_outbox_message_free(wharf_handler_outbox_message_t *ptr) {
+  handler_list_u8_free(&ptr->body);
+  handler_option_string_free(&ptr->content_type);
+  handler_option_string_free(&ptr->subject);
+  handler_option_string_free(&ptr->message_id);
+  handler_option_string_free(&ptr->correlation_id);
+  wharf_handler_outbox_list_property_free(&ptr->properties);
+  handler_option_u64_free(&ptr->delay);
+}
+
+void wharf_handler_outbox_result_void_send_error_free(wharf_handler_outbox_result_void_send_error_t *ptr) {
+  if (!ptr->is_err) {
+  } else {
+  }
+}
+
 void handler_delivery_free(handler_delivery_t *ptr) {
   wharf_handler_types_delivery_free(ptr);
 }
@@ -149,6 +193,148 @@ void handler_string_free(handler_string_t *ret) {
 
 void wharf_handler_log_log(wharf_handler_log_level_t level, handler_string_t *message) {
   __wasm_import_wharf_handler_log_log((int32_t) level, (uint8_t *) (*message).ptr, (*message).len);
+}
+
+bool wharf_handler_outbox_send(handler_string_t *address, wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err) {
+  __attribute__((__aligned__(8)))
+  uint8_t ret_area[(24+18*sizeof(void*))];
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  *((size_t*)(ptr + sizeof(void*))) = (*address).len;
+  *((uint8_t **)(ptr + 0)) = (uint8_t *) (*address).ptr;
+  *((size_t*)(ptr + (3*sizeof(void*)))) = ((*message).body).len;
+  *((uint8_t **)(ptr + (2*sizeof(void*)))) = (uint8_t *) ((*message).body).ptr;
+  if (((*message).content_type).is_some) {
+    const handler_string_t *payload0 = &((*message).content_type).val;
+    *((int8_t*)(ptr + (4*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (6*sizeof(void*)))) = (*payload0).len;
+    *((uint8_t **)(ptr + (5*sizeof(void*)))) = (uint8_t *) (*payload0).ptr;
+  } else {
+    *((int8_t*)(ptr + (4*sizeof(void*)))) = 0;
+  }
+  if (((*message).subject).is_some) {
+    const handler_string_t *payload2 = &((*message).subject).val;
+    *((int8_t*)(ptr + (7*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (9*sizeof(void*)))) = (*payload2).len;
+    *((uint8_t **)(ptr + (8*sizeof(void*)))) = (uint8_t *) (*payload2).ptr;
+  } else {
+    *((int8_t*)(ptr + (7*sizeof(void*)))) = 0;
+  }
+  if (((*message).message_id).is_some) {
+    const handler_string_t *payload4 = &((*message).message_id).val;
+    *((int8_t*)(ptr + (10*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (12*sizeof(void*)))) = (*payload4).len;
+    *((uint8_t **)(ptr + (11*sizeof(void*)))) = (uint8_t *) (*payload4).ptr;
+  } else {
+    *((int8_t*)(ptr + (10*sizeof(void*)))) = 0;
+  }
+  if (((*message).correlation_id).is_some) {
+    const handler_string_t *payload6 = &((*message).correlation_id).val;
+    *((int8_t*)(ptr + (13*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (15*sizeof(void*)))) = (*payload6).len;
+    *((uint8_t **)(ptr + (14*sizeof(void*)))) = (uint8_t *) (*payload6).ptr;
+  } else {
+    *((int8_t*)(ptr + (13*sizeof(void*)))) = 0;
+  }
+  *((size_t*)(ptr + (17*sizeof(void*)))) = ((*message).properties).len;
+  *((uint8_t **)(ptr + (16*sizeof(void*)))) = (uint8_t *) ((*message).properties).ptr;
+  *((int8_t*)(ptr + (18*sizeof(void*)))) = (*message).durable;
+  if (((*message).delay).is_some) {
+    const uint64_t *payload17 = &((*message).delay).val;
+    *((int8_t*)(ptr + (8+18*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (16+18*sizeof(void*)))) = (int64_t) (*payload17);
+  } else {
+    *((int8_t*)(ptr + (8+18*sizeof(void*)))) = 0;
+  }
+  uint8_t *ptr18 = (uint8_t *) &ret_area;
+  __wasm_import_wharf_handler_outbox_send(ptr, ptr18);
+  wharf_handler_outbox_result_void_send_error_t result;
+  switch ((int32_t) *((uint8_t*) (ptr18 + 0))) {
+    case 0: {
+      result.is_err = false;
+      break;
+    }
+    case 1: {
+      result.is_err = true;
+      result.val.err = (int32_t) *((uint8_t*) (ptr18 + 1));
+      break;
+    }
+  }
+  if (!result.is_err) {
+    return 1;
+  } else {
+    *err = result.val.err;
+    return 0;
+  }
+}
+
+bool wharf_handler_outbox_reply(wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err) {
+  __attribute__((__aligned__(8)))
+  uint8_t ret_area[(24+16*sizeof(void*))];
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  *((size_t*)(ptr + sizeof(void*))) = ((*message).body).len;
+  *((uint8_t **)(ptr + 0)) = (uint8_t *) ((*message).body).ptr;
+  if (((*message).content_type).is_some) {
+    const handler_string_t *payload0 = &((*message).content_type).val;
+    *((int8_t*)(ptr + (2*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (4*sizeof(void*)))) = (*payload0).len;
+    *((uint8_t **)(ptr + (3*sizeof(void*)))) = (uint8_t *) (*payload0).ptr;
+  } else {
+    *((int8_t*)(ptr + (2*sizeof(void*)))) = 0;
+  }
+  if (((*message).subject).is_some) {
+    const handler_string_t *payload2 = &((*message).subject).val;
+    *((int8_t*)(ptr + (5*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (7*sizeof(void*)))) = (*payload2).len;
+    *((uint8_t **)(ptr + (6*sizeof(void*)))) = (uint8_t *) (*payload2).ptr;
+  } else {
+    *((int8_t*)(ptr + (5*sizeof(void*)))) = 0;
+  }
+  if (((*message).message_id).is_some) {
+    const handler_string_t *payload4 = &((*message).message_id).val;
+    *((int8_t*)(ptr + (8*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (10*sizeof(void*)))) = (*payload4).len;
+    *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) (*payload4).ptr;
+  } else {
+    *((int8_t*)(ptr + (8*sizeof(void*)))) = 0;
+  }
+  if (((*message).correlation_id).is_some) {
+    const handler_string_t *payload6 = &((*message).correlation_id).val;
+    *((int8_t*)(ptr + (11*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (13*sizeof(void*)))) = (*payload6).len;
+    *((uint8_t **)(ptr + (12*sizeof(void*)))) = (uint8_t *) (*payload6).ptr;
+  } else {
+    *((int8_t*)(ptr + (11*sizeof(void*)))) = 0;
+  }
+  *((size_t*)(ptr + (15*sizeof(void*)))) = ((*message).properties).len;
+  *((uint8_t **)(ptr + (14*sizeof(void*)))) = (uint8_t *) ((*message).properties).ptr;
+  *((int8_t*)(ptr + (16*sizeof(void*)))) = (*message).durable;
+  if (((*message).delay).is_some) {
+    const uint64_t *payload17 = &((*message).delay).val;
+    *((int8_t*)(ptr + (8+16*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (16+16*sizeof(void*)))) = (int64_t) (*payload17);
+  } else {
+    *((int8_t*)(ptr + (8+16*sizeof(void*)))) = 0;
+  }
+  uint8_t *ptr18 = (uint8_t *) &ret_area;
+  __wasm_import_wharf_handler_outbox_reply(ptr, ptr18);
+  wharf_handler_outbox_result_void_send_error_t result;
+  switch ((int32_t) *((uint8_t*) (ptr18 + 0))) {
+    case 0: {
+      result.is_err = false;
+      break;
+    }
+    case 1: {
+      result.is_err = true;
+      result.val.err = (int32_t) *((uint8_t*) (ptr18 + 1));
+      break;
+    }
+  }
+  if (!result.is_err) {
+    return 1;
+  } else {
+    *err = result.val.err;
+    return 0;
+  }
 }
 
 __attribute__((__export_name__("handle")))

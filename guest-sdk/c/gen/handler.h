@@ -127,13 +127,78 @@ typedef struct wharf_handler_types_outcome_t {
 // Never deliver it again: the broker's dead-letter policy decides.
 #define WHARF_HANDLER_TYPES_OUTCOME_DROP 3
 
+typedef wharf_handler_types_property_t wharf_handler_outbox_property_t;
+
+typedef struct {
+  wharf_handler_outbox_property_t *ptr;
+  size_t len;
+} wharf_handler_outbox_list_property_t;
+
+typedef struct {
+  bool is_some;
+  uint64_t val;
+} handler_option_u64_t;
+
+// A message to publish.
+typedef struct wharf_handler_outbox_message_t {
+  // The body, sent as one `data` section.
+  handler_list_u8_t   body;
+  // `properties.content-type`.
+  handler_option_string_t   content_type;
+  // `properties.subject`.
+  handler_option_string_t   subject;
+  // `properties.message-id`. When absent the host derives one from the
+  // delivery's message-id and the output's index, so a redelivered
+  // input publishes outputs with the same ids.
+  handler_option_string_t   message_id;
+  // `properties.correlation-id`. `reply` sets it from the delivery when
+  // absent.
+  handler_option_string_t   correlation_id;
+  // Application properties.
+  wharf_handler_outbox_list_property_t   properties;
+  // Whether the broker keeps the message on disk (`header.durable`).
+  bool   durable;
+  // Deliver no sooner than this many milliseconds after it is
+  // published, on brokers that schedule messages (Artemis).
+  handler_option_u64_t   delay;
+} wharf_handler_outbox_message_t;
+
+// Why a message was not taken; nothing was kept of it.
+typedef uint8_t wharf_handler_outbox_send_error_t;
+
+// The mount does not grant sending to this address (`grants.send`),
+// or replying (`grants.reply`).
+#define WHARF_HANDLER_OUTBOX_SEND_ERROR_DENIED 0
+// The delivery already has the mount's `max_outputs` messages.
+#define WHARF_HANDLER_OUTBOX_SEND_ERROR_TOO_MANY 1
+// The delivery's messages would exceed the mount's
+// `max_output_bytes`.
+#define WHARF_HANDLER_OUTBOX_SEND_ERROR_TOO_LARGE 2
+// `reply` on a delivery without a `reply-to`.
+#define WHARF_HANDLER_OUTBOX_SEND_ERROR_NO_REPLY_TO 3
+
+typedef struct {
+  bool is_err;
+  union {
+    wharf_handler_outbox_send_error_t err;
+  } val;
+} wharf_handler_outbox_result_void_send_error_t;
+
 typedef wharf_handler_types_delivery_t handler_delivery_t;
 
 typedef wharf_handler_types_outcome_t handler_outcome_t;
 
-// Imported Functions from `wharf:handler/log@0.1.0`
+// Imported Functions from `wharf:handler/log@0.2.0`
 // Write one log line.
 extern void wharf_handler_log_log(wharf_handler_log_level_t level, handler_string_t *message);
+
+// Imported Functions from `wharf:handler/outbox@0.2.0`
+// Publish `message` to `address` if the delivery is acknowledged.
+extern bool wharf_handler_outbox_send(handler_string_t *address, wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err);
+// Publish `message` to the delivery's `reply-to` if the delivery is
+// acknowledged, its `correlation-id` set from the delivery's
+// correlation-id, else its message-id, unless the message sets one.
+extern bool wharf_handler_outbox_reply(wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err);
 
 // Exported Functions from `handler`
 void exports_handler_handle(handler_delivery_t *d, handler_outcome_t *ret);
@@ -153,6 +218,16 @@ void wharf_handler_types_list_property_free(wharf_handler_types_list_property_t 
 void wharf_handler_types_delivery_free(wharf_handler_types_delivery_t *ptr);
 
 void wharf_handler_types_outcome_free(wharf_handler_types_outcome_t *ptr);
+
+void wharf_handler_outbox_property_free(wharf_handler_outbox_property_t *ptr);
+
+void wharf_handler_outbox_list_property_free(wharf_handler_outbox_list_property_t *ptr);
+
+void handler_option_u64_free(handler_option_u64_t *ptr);
+
+void wharf_handler_outbox_message_free(wharf_handler_outbox_message_t *ptr);
+
+void wharf_handler_outbox_result_void_send_error_free(wharf_handler_outbox_result_void_send_error_t *ptr);
 
 void handler_delivery_free(handler_delivery_t *ptr);
 
