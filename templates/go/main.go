@@ -6,8 +6,10 @@ import wharf "github.com/wharf-rs/wharf/guest-sdk/go"
 func handle(d wharf.Delivery) wharf.Outcome {
 	wharf.Infof("attempt %d of message %q", d.Attempt, d.MessageID)
 	// To publish a message if this delivery is acked (the mount must grant
-	// the address, see wharf.toml; the error wraps wharf.ErrDenied, ...):
-	//   err := wharf.Send("{{name}}.out", wharf.Message{Body: d.Body, Subject: "processed"})
+	// the address, see wharf.toml):
+	//	if err := wharf.Send("{{name}}.out", wharf.Message{Body: d.Body, Subject: "processed"}); err != nil {
+	//		wharf.Warn(err.Error()) // it wraps wharf.ErrDenied, ErrTooMany or ErrTooLarge
+	//	}
 	return wharf.Ack()
 }
 
