@@ -16,14 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::sasl_profile::SaslProfile;
-use fe2o3_amqp::types::messaging::{Body, Data, Message, Properties};
-use fe2o3_amqp::types::primitives::{Binary, Value};
-use fe2o3_amqp::{Connection, Receiver, Session};
-use wharf::broker::Endpoint;
+use fe2o3_amqp::types::messaging::Body;
+use fe2o3_amqp::types::primitives::Value;
+use fe2o3_amqp::{Receiver, Session};
 use wharf::broker::message::AmqpMessage;
 use wharf::config::Config;
 use wharf::events::Event;
+use wharf_tests::bench::{self, Broker, brokers, host, rate};
 use wharf_tests::client::Client;
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
@@ -39,77 +38,17 @@ const CREDIT: u32 = 64;
 /// Body size of every message.
 const BODY: usize = 256;
 
-struct Broker {
-    name: &'static str,
-    url: String,
-    /// How an address becomes the queue it names on this broker.
-    queue: fn(&str) -> String,
-}
-
-fn brokers() -> Vec<Broker> {
-    let only = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .map(|a| a.to_lowercase());
-    let all = [
-        Broker {
-            name: "Artemis 2.40",
-            url: wharf_tests::artemis_url(),
-            queue: |name| name.to_owned(),
-        },
-        Broker {
-            name: "RabbitMQ 4.0",
-            url: wharf_tests::rabbitmq4_url(),
-            queue: |name| format!("/queue/{name}"),
-        },
-    ];
-    all.into_iter()
-        .filter(|b| {
-            only.as_deref()
-                .is_none_or(|o| b.name.to_lowercase().contains(o))
-        })
-        .collect()
-}
-
 fn message(id: String) -> AmqpMessage {
-    Message::builder()
-        .properties(Properties::builder().message_id(id).build())
-        .body(Body::<Value>::Data(
-            vec![Data(Binary::from(vec![b'x'; BODY]))].into(),
-        ))
-        .build()
-        .into()
+    bench::message(id, BODY, &[])
 }
 
 async fn prefill(url: &str, address: &str, n: usize) -> anyhow::Result<()> {
-    let mut client = Client::connect(url).await?;
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        client
-            .publish_many(
-                address,
-                chunk.iter().map(|i| message(format!("{address}.{i}"))),
-            )
-            .await?;
-    }
-    client.close().await;
-    Ok(())
+    bench::prefill(url, address, n, |i| message(format!("{address}.{i}"))).await
 }
 
 /// The baseline: receive and accept every message, nothing else.
 async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<f64> {
-    let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
-    let stream =
-        wharf::broker::socket::connect(&endpoint.host, endpoint.port, Duration::from_secs(10))
-            .await?;
-    let mut connection = Connection::builder()
-        .container_id(unique("native"))
-        .hostname(endpoint.host.as_str())
-        .sasl_profile(SaslProfile::Plain {
-            username: endpoint.user.clone().unwrap_or_default(),
-            password: endpoint.password.clone().unwrap_or_default(),
-        })
-        .open_with_stream(stream)
-        .await?;
+    let mut connection = bench::native_connection(url).await?;
     let mut session = Session::begin(&mut connection).await?;
     let mut receiver = Receiver::builder()
         .name(unique("native"))
@@ -129,40 +68,12 @@ async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<f64> {
     Ok(rate)
 }
 
-/// A host with `mounts` on `broker`, started and attached.
-async fn host(broker: &Broker, mounts: Vec<MountToml>) -> anyhow::Result<TestHost> {
-    let text = tenants_text(&broker.url, "", &[TenantToml::new("bench", mounts)]).replacen(
-        "[host]",
-        "[admin]\nlisten = \"127.0.0.1:0\"\n[host]",
-        1,
-    );
-    TestHost::start_config(Config::parse(&text, &repo_root().join("bench.toml"))?).await
-}
-
 fn mount(name: &str, module: &str, address: &str, extra: &[&str]) -> MountToml {
     let mut mount = MountToml::new(name, module, address).with(&format!("credit = {CREDIT}"));
     for line in extra {
         mount = mount.with(line);
     }
     mount
-}
-
-/// Waits for `n` deliveries; their rate from the first seen to the last.
-async fn rate(host: &TestHost, n: usize) -> anyhow::Result<f64> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut first = None;
-    loop {
-        let count = host.host().handled_total() as usize;
-        if count > 0 && first.is_none() {
-            first = Some((Instant::now(), count));
-        }
-        if count >= n {
-            let (at, already) = first.expect("one was seen");
-            return Ok((count - already) as f64 / at.elapsed().as_secs_f64());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "only {count} of {n} handled");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// wharf's rate over `n` prefilled messages on `mounts` mounts, each on a

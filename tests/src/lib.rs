@@ -9,6 +9,7 @@
 //! `build/guests` (`scripts/build-guests`).
 
 pub mod artemis_users;
+pub mod bench;
 pub mod client;
 pub mod process;
 pub mod proxy;
