@@ -264,7 +264,13 @@ impl OutputLinks {
             };
             let sender = attach_sender(&mut session.session, &self.link_prefix, target)
                 .await
-                .map_err(|e| PublishFailure::Refused(e.to_string()))?;
+                .map_err(|e| match e {
+                    // The publish error names the address already.
+                    BrokerError::Attach { source, .. } => {
+                        PublishFailure::Refused(format!("cannot attach a sender link: {source}"))
+                    }
+                    other => PublishFailure::Refused(other.to_string()),
+                })?;
             self.attached.push(address.to_owned());
             self.senders.insert(address.to_owned(), sender);
         }

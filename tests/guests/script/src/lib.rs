@@ -33,13 +33,27 @@ fn handle(d: Delivery) -> Outcome {
         .unwrap_or("ack")
         .to_owned();
     log::info(&format!("attempt {}: {step}", d.attempt));
-    let mut parts: Vec<&str> = step.split(',').collect();
-    let action = parts.pop().unwrap_or("ack");
-    if let Err(why) = publish(&d, &parts) {
+    let (effects, action) = split_effects(&step);
+    if let Err(why) = publish(&d, &effects) {
         log::warn(&why);
         return Outcome::Drop;
     }
     act(&d, action)
+}
+
+/// A step's leading effects, and its action: only an effect's name takes
+/// a comma after it, so an action's argument may hold commas.
+fn split_effects(step: &str) -> (Vec<&str>, &str) {
+    const EFFECTS: [&str; 5] = ["send=", "sends=", "reply", "pad=", "fails="];
+    let mut effects = Vec::new();
+    let mut rest = step;
+    while EFFECTS.iter().any(|e| rest.starts_with(e))
+        && let Some((effect, after)) = rest.split_once(',')
+    {
+        effects.push(effect);
+        rest = after;
+    }
+    (effects, rest)
 }
 
 /// Carries out a step's publishing effects in order.
