@@ -389,8 +389,21 @@ fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String
         Some(DelayChoice::Held) => "held by the host, the original unsettled",
         None => "scheduled where the broker offers DELAYED_DELIVERY, else held (seen at attach)",
     };
+    let grants = &mount.grants;
+    let outputs = if grants.send.is_empty() && !grants.reply {
+        String::new()
+    } else {
+        let mut to: Vec<&str> = grants.send.iter().map(|p| p.as_str()).collect();
+        if grants.reply {
+            to.push("reply-to");
+        }
+        format!(
+            "; outputs to {}: published and confirmed before the ack is accepted (at least once; duplicates dropped by id on Artemis)",
+            to.join(", ")
+        )
+    };
     format!(
-        "{}/{}: {} on `{}`; retry: {retry}; retry-after: {delay}",
+        "{}/{}: {} on `{}`; retry: {retry}; retry-after: {delay}{outputs}",
         tenant.name, mount.name, mount.settle, mount.address
     )
 }
@@ -421,7 +434,17 @@ fn describe_output(output: &wharf::sandbox::Outgoing) -> String {
         line += &format!(" subject={subject}");
     }
     for property in &message.properties {
-        line += &format!(" {}={:?}", property.key, property.value);
+        use wharf::sandbox::Value;
+        let value = match &property.value {
+            Value::String(s) | Value::Other(s) => s.clone(),
+            Value::Int(n) | Value::Timestamp(n) => n.to_string(),
+            Value::Uint(n) => n.to_string(),
+            Value::Float(f) => f.to_string(),
+            Value::Boolean(b) => b.to_string(),
+            Value::Bytes(b) => format!("{b:?}"),
+            Value::Null => "null".to_owned(),
+        };
+        line += &format!(" {}={value}", property.key);
     }
     line += &format!(": {}", String::from_utf8_lossy(&message.body));
     line

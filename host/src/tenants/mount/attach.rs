@@ -168,6 +168,7 @@ impl Links {
             settle = %mount.settle,
             retry_path = ?policy.retry,
             delay_path = ?policy.delay,
+            outputs = outputs_path(&spec, session.offers.is_artemis()),
             "mount attached"
         );
         warn_of_delivery_limit(&spec, queue.as_ref());
@@ -192,6 +193,16 @@ impl Links {
             publisher_task,
             session,
         }
+    }
+}
+
+/// How the mount's outputs are committed, for the attach log.
+fn outputs_path(spec: &MountSpec, artemis: bool) -> &'static str {
+    let grants = &spec.config.grants;
+    match (grants.send.is_empty() && !grants.reply, artemis) {
+        (true, _) => "none granted",
+        (false, true) => "confirmed before the ack, duplicates dropped by _AMQ_DUPL_ID",
+        (false, false) => "confirmed before the ack, at least once",
     }
 }
 
