@@ -1,6 +1,7 @@
 //! A handler that publishes one output per input, against a hand-written
 //! fe2o3-amqp loop doing the same work in the same run: receive 64 inputs
-//! (the credit), publish one 64-byte output each, wait until the broker has
+//! (the credit), publish one 64-byte output each (durable, with the id and
+//! on Artemis the `_AMQ_DUPL_ID` wharf gives it), wait until the broker has
 //! accepted every output, then accept the inputs. That is wharf's confirm
 //! path (outputs accepted before their input), batched as wharf batches the
 //! deliveries in flight.
@@ -14,9 +15,10 @@
 use std::time::Instant;
 
 use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::types::messaging::{Body, Outcome};
+use fe2o3_amqp::types::messaging::{Body, Header, Outcome};
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Receiver, Sender, Session};
+use wharf::broker::message::{ARTEMIS_DUPLICATE_ID, AmqpMessage};
 use wharf_tests::MountToml;
 use wharf_tests::bench::{Broker, brokers, host, message, native_connection, prefill, rate};
 use wharf_tests::unique;
@@ -45,6 +47,20 @@ async fn inputs(broker: &Broker, output: &str, n: usize) -> anyhow::Result<Strin
     Ok(input)
 }
 
+/// The output the loop publishes for input `i`: what wharf publishes, a
+/// durable message with a derived id, on Artemis with `_AMQ_DUPL_ID`.
+fn output_of(broker: &Broker, input: &str, i: usize) -> AmqpMessage {
+    let id = format!("{input}.{i}/out/0");
+    let dedup = [(ARTEMIS_DUPLICATE_ID, id.as_str())];
+    let artemis = broker.name.contains("Artemis");
+    let mut output = message(id.clone(), BODY, if artemis { &dedup } else { &[] });
+    output.header = Some(Header {
+        durable: true,
+        ..Header::default()
+    });
+    output
+}
+
 /// The hand-written loop: batches of `CREDIT` inputs, their outputs
 /// published and confirmed, then the inputs accepted.
 async fn native(broker: &Broker, n: usize) -> anyhow::Result<f64> {
@@ -67,8 +83,8 @@ async fn native(broker: &Broker, n: usize) -> anyhow::Result<f64> {
         let mut confirms = Vec::with_capacity(batch);
         for i in 0..batch {
             let delivery = receiver.recv::<Body<Value>>().await?;
-            let out = message(format!("{input}.{}/out/0", done + i), BODY, &[]);
-            confirms.push(sender.send_payload_batchable(out.encode()?).await?);
+            let payload = output_of(broker, &input, done + i).encode()?;
+            confirms.push(sender.send_payload_batchable(payload).await?);
             deliveries.push(delivery);
         }
         for confirm in confirms {
