@@ -12,7 +12,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use wharf::config::Config;
 use wharf::events::Event;
-use wharf::settlement::{Disposition, Outcome};
+use wharf::settlement::Disposition;
 
 use crate::client::{Client, TestMessage};
 use crate::process::{WharfProcess, signal};
@@ -68,14 +68,16 @@ impl Tally {
     }
 }
 
-/// Counts acked deliveries by message id on a thread of its own, so
-/// neither a test busy elsewhere (restarting a broker) nor a host running
-/// on the test's runtime keeps it from reading the event stream.
+/// Counts deliveries handed to a handler, by message id, on a thread of its
+/// own, so neither a test busy elsewhere (restarting a broker) nor a host
+/// running on the test's runtime keeps it from reading the event stream.
 ///
-/// It counts what handlers acked, whatever became of the disposition: an
-/// `accepted` sent as the connection dies may reach the broker without its
-/// answer reaching the host, and such a message is handled, not lost. The
-/// tests using it check the queue is empty in the end, so nothing was left.
+/// It counts what reached a handler rather than what was reported settled:
+/// when a connection dies, an `accepted` may reach the broker without its
+/// answer reaching the host, and a delivery in flight is abandoned without
+/// an event; such a message was handled, not lost. The handlers these tests
+/// run ack every delivery, and the tests check the queue is empty in the
+/// end, so a message counted here was handled and nothing was left.
 struct Counter {
     seen: Arc<Mutex<Seen>>,
 }
@@ -97,10 +99,8 @@ impl Counter {
         std::thread::spawn(move || {
             loop {
                 match events.blocking_recv() {
-                    Ok(Event::Handled(h)) => {
-                        if h.outcome == Outcome::Ack
-                            && let Some(id) = h.message_id
-                        {
+                    Ok(Event::Started { message_id, .. }) => {
+                        if let Some(id) = message_id {
                             *counts
                                 .lock()
                                 .expect("counter")
@@ -128,7 +128,7 @@ impl Counter {
         Ok(seen.handled.len())
     }
 
-    /// Waits until `n` distinct messages were acked.
+    /// Waits until `n` distinct messages reached a handler.
     async fn wait_for(&self, n: usize) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while self.count()? < n {
