@@ -401,6 +401,22 @@ async fn a_broker_restart_mid_stream_loses_nothing() -> anyhow::Result<()> {
     restartable_artemis("start").await?;
     let q = unique("restart");
     let all = ids(&q, 5000);
+    // A millisecond of work each, two at a time, so the stop falls
+    // mid-stream.
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("concurrency = 2")
+        .with("[tenant.mount.grants]")
+        .with("clocks = true");
+    let mut text = config_text(&url, &[mount]);
+    text = text.replacen(
+        "[host]",
+        "reconnect_initial = \"100ms\"\nreconnect_max = \"1s\"\n[host]",
+        1,
+    );
+    let host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    // Counting before anything is published, so no delivery goes unseen.
+    let counter = Counter::start(&host);
     let mut client = Client::connect(&url).await?;
     client
         .publish_many(
@@ -414,19 +430,6 @@ async fn a_broker_restart_mid_stream_loses_nothing() -> anyhow::Result<()> {
         )
         .await?;
     client.close().await;
-    // A millisecond of work each, so the stop falls mid-stream.
-    let mount = MountToml::new("m", "fixture_script", &q)
-        .with("[tenant.mount.grants]")
-        .with("clocks = true");
-    let mut text = config_text(&url, &[mount]);
-    text = text.replacen(
-        "[host]",
-        "reconnect_initial = \"100ms\"\nreconnect_max = \"1s\"\n[host]",
-        1,
-    );
-    let host =
-        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
-    let counter = Counter::start(&host);
     counter.wait_for(1000).await?;
     // A clean stop and start mid-stream: the journal keeps every durable
     // message not yet accepted.
