@@ -295,17 +295,7 @@ async fn a_reset_connection_is_attached_again_and_nothing_is_lost() -> anyhow::R
     let counter = Counter::start(&host);
     let mut client = Client::connect(&artemis_url()).await?;
     let all = ids(&q, 2000);
-    client
-        .publish_many(
-            &q,
-            all.iter().map(|id| {
-                TestMessage::new(id, "x")
-                    .header(0)
-                    .script("*:busy=1")
-                    .build()
-            }),
-        )
-        .await?;
+    client.publish_scripted(&q, &all, "*:busy=1").await?;
     for at in [500, 1200] {
         counter.wait_for(at).await?;
         proxy.cut();
@@ -418,17 +408,7 @@ async fn a_broker_restart_mid_stream_loses_nothing() -> anyhow::Result<()> {
     // Counting before anything is published, so no delivery goes unseen.
     let counter = Counter::start(&host);
     let mut client = Client::connect(&url).await?;
-    client
-        .publish_many(
-            &q,
-            all.iter().map(|id| {
-                TestMessage::new(id, "x")
-                    .header(0)
-                    .script("*:busy=1")
-                    .build()
-            }),
-        )
-        .await?;
+    client.publish_scripted(&q, &all, "*:busy=1").await?;
     client.close().await;
     counter.wait_for(1000).await?;
     // A clean stop and start mid-stream: the journal keeps every durable
@@ -463,15 +443,7 @@ async fn killed_with_pending_copies(
     let all = ids(address, 200);
     let mut client = Client::connect(url).await?;
     client
-        .publish_many(
-            address,
-            all.iter().map(|id| {
-                TestMessage::new(id, "x")
-                    .header(0)
-                    .script("1:after=3000 *:ack")
-                    .build()
-            }),
-        )
+        .publish_scripted(address, &all, "1:after=3000 *:ack")
         .await?;
     // Every handler has returned `retry-after`: 200 copies are pending.
     wharf.count_log("attempt 1: after=3000", all.len()).await?;
@@ -565,17 +537,7 @@ async fn a_broker_that_blocks_publishers_cannot_hang_the_host_or_its_stop() -> a
     let url = crate::rabbitmq4_url();
     let all = ids(&name, 20);
     let mut client = Client::connect(&url).await?;
-    client
-        .publish_many(
-            &q,
-            all.iter().map(|id| {
-                TestMessage::new(id, "x")
-                    .header(0)
-                    .script("*:retry")
-                    .build()
-            }),
-        )
-        .await?;
+    client.publish_scripted(&q, &all, "*:retry").await?;
     client.close().await;
     // At the limit on the first attempt: every delivery owes a dead letter
     // the blocked broker will not take.
@@ -633,17 +595,7 @@ async fn three_hosts_on_one_queue_one_killed_lose_nothing() -> anyhow::Result<()
     let q = unique("three");
     let all = ids(&q, 3000);
     let mut client = Client::connect(&url).await?;
-    client
-        .publish_many(
-            &q,
-            all.iter().map(|id| {
-                TestMessage::new(id, "x")
-                    .header(0)
-                    .script("*:busy=3")
-                    .build()
-            }),
-        )
-        .await?;
+    client.publish_scripted(&q, &all, "*:busy=3").await?;
     let mount = MountToml::new("m", "fixture_script", &q)
         .with("concurrency = 1")
         .with("[tenant.mount.grants]")

@@ -295,13 +295,7 @@ async fn killed_while_publishing(
     let ids: Vec<String> = (0..n).map(|i| format!("{input}.{i}")).collect();
     let mut client = Client::connect(url).await?;
     let script = format!("*:send={output},busy=3");
-    client
-        .publish_many(
-            input,
-            ids.iter()
-                .map(|id| TestMessage::new(id, "x").header(0).script(&script).build()),
-        )
-        .await?;
+    client.publish_scripted(input, &ids, &script).await?;
     let text = config_text(
         url,
         &[mount(input, &[output], &["concurrency = 4"]).with("clocks = true")],

@@ -20,15 +20,12 @@ use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Receiver, Sender, Session};
 use wharf::broker::message::{ARTEMIS_DUPLICATE_ID, AmqpMessage};
 use wharf_tests::MountToml;
-use wharf_tests::bench::{Broker, brokers, host, message, native_connection, prefill, rate};
+use wharf_tests::bench::{self, Broker, brokers, host, message, native_connection, prefill, rate};
 use wharf_tests::unique;
 
 /// Inputs per measurement (`WHARF_BENCH_MESSAGES` overrides).
 fn messages() -> usize {
-    std::env::var("WHARF_BENCH_MESSAGES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(10_000)
+    bench::messages(10_000)
 }
 /// Link credit, for wharf and the baseline alike: also the baseline's batch.
 const CREDIT: u32 = 64;

@@ -28,10 +28,7 @@ use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, uniq
 
 /// Messages per throughput measurement (`WHARF_BENCH_MESSAGES` overrides).
 fn messages() -> usize {
-    std::env::var("WHARF_BENCH_MESSAGES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(20_000)
+    bench::messages(20_000)
 }
 /// Link credit, for wharf and the baseline alike.
 const CREDIT: u32 = 64;

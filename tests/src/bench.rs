@@ -16,6 +16,14 @@ use wharf::config::Config;
 use crate::client::Client;
 use crate::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
+/// Messages per measurement: `WHARF_BENCH_MESSAGES`, else `default`.
+pub fn messages(default: usize) -> usize {
+    std::env::var("WHARF_BENCH_MESSAGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A broker to measure on.
 pub struct Broker {
     /// Its name in the report.

@@ -181,6 +181,20 @@ impl Client {
         Ok(())
     }
 
+    /// Publishes one message per id (body `x`, a header, the fixture's
+    /// `script`) with [`Client::publish_many`].
+    pub async fn publish_scripted(
+        &mut self,
+        address: &str,
+        ids: &[String],
+        script: &str,
+    ) -> anyhow::Result<()> {
+        let messages = ids
+            .iter()
+            .map(|id| TestMessage::new(id, "x").header(0).script(script).build());
+        self.publish_many(address, messages).await
+    }
+
     /// Publishes and waits for `accepted`.
     pub async fn publish(
         &mut self,

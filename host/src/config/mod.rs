@@ -824,14 +824,14 @@ impl Checker<'_> {
         }
     }
 
-    fn positive(
+    fn positive<T: PartialEq + From<u8>>(
         &self,
         here: &str,
         key: &str,
-        value: &Option<Spanned<u32>>,
+        value: &Option<Spanned<T>>,
     ) -> Result<(), ConfigError> {
         match value {
-            Some(v) if *v.get_ref() == 0 => {
+            Some(v) if *v.get_ref() == T::from(0) => {
                 Err(self.invalid(v, format!("{here}: `{key}` must be at least 1")))
             }
             _ => Ok(()),
@@ -883,14 +883,7 @@ impl Checker<'_> {
         }
         let instance = self.instance_policy(here, &raw)?;
         self.positive(here, "max_outputs", &raw.max_outputs)?;
-        if let Some(bytes) = &raw.max_output_bytes
-            && *bytes.get_ref() == 0
-        {
-            return Err(self.invalid(
-                bytes,
-                format!("{here}: `max_output_bytes` must be above zero"),
-            ));
-        }
+        self.positive(here, "max_output_bytes", &raw.max_output_bytes)?;
         let outputs = OutputLimits {
             max_outputs: raw
                 .max_outputs
