@@ -453,12 +453,14 @@ fn describe_output(output: &wharf::sandbox::Outgoing) -> String {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let grace = config.host.shutdown_grace;
     let host = Host::load(config).await?.start().await?;
-    tracing::info!("running; stop with Ctrl-C or SIGTERM, reload the config with SIGHUP");
-    // Listening from the start, so a signal during a reload is not missed.
+    // Listening before saying so: a SIGHUP sent on reading "running" must
+    // not meet the default action, which ends the process. Listening from
+    // the start also means a signal during a reload is not missed.
     let listen = |kind| signal(kind).context("cannot listen for signals");
     let mut interrupts = listen(SignalKind::interrupt())?;
     let mut terms = listen(SignalKind::terminate())?;
     let mut hangups = listen(SignalKind::hangup())?;
+    tracing::info!("running; stop with Ctrl-C or SIGTERM, reload the config with SIGHUP");
     loop {
         tokio::select! {
             _ = interrupts.recv() => {
