@@ -13,7 +13,7 @@ use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
 use wharf::config::{Broker, Config, SaslMechanism};
-use wharf::sandbox::{AddressPattern, Grants, Output, OutputLimits};
+use wharf::sandbox::{AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits};
 
 #[derive(Parser)]
 #[command(
@@ -126,6 +126,10 @@ enum Command {
         /// repeatable. Nothing is published: the outputs are printed.
         #[arg(long = "send")]
         send: Vec<String>,
+        /// An origin the handler may call over HTTP (as `grants.http`, e.g.
+        /// `http://127.0.0.1:8080`); repeatable. The calls are made.
+        #[arg(long = "http", value_parser = HttpPattern::parse)]
+        http: Vec<HttpPattern>,
         /// The delivery's `reply-to`; grants `reply`.
         #[arg(long)]
         reply_to: Option<String>,
@@ -256,6 +260,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grants,
             env,
             send,
+            http,
             reply_to,
         } => {
             let input = InvokeInput {
@@ -270,6 +275,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     send: send.into_iter().map(AddressPattern::new).collect(),
                     reply: reply_to.is_some(),
                     outputs: OutputLimits::default(),
+                    http: HttpGrants {
+                        allowed: http,
+                        admin: None,
+                    },
                 },
                 reply_to,
             };

@@ -30,6 +30,8 @@
 
 use std::time::Duration;
 
+pub mod http;
+
 #[doc(hidden)]
 pub mod bindings {
     #![allow(missing_docs, unsafe_code)]

@@ -17,7 +17,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::backoff::BackoffPolicy;
-use crate::sandbox::{AddressPattern, Grants, InstancePolicy, Output, OutputLimits};
+use crate::sandbox::{
+    AddressPattern, Grants, HttpGrants, HttpPattern, InstancePolicy, Output, OutputLimits,
+};
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_duration, parse_size};
 
@@ -473,6 +475,7 @@ struct RawGrants {
     send: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     reply: bool,
+    http: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -651,6 +654,12 @@ impl Config {
         }
         checker.sends_stay_home(&sends, &owners)?;
         let admin = raw.admin.map(|a| checker.admin(a)).transpose()?;
+        // Handlers reach the admin listener only through a grant naming it.
+        if let Some(admin) = &admin {
+            for mount in tenants.iter_mut().flat_map(|t| &mut t.mounts) {
+                mount.grants.http.admin = Some(admin.listen);
+            }
+        }
         Ok(Config {
             path: path.to_owned(),
             broker,
@@ -1006,6 +1015,14 @@ impl Checker<'_> {
                 format!("{here}: `grants.send` has an empty address pattern `{bad}`"),
             ));
         }
+        let mut http = HttpGrants::default();
+        if let Some(patterns) = &raw.http {
+            for pattern in patterns.get_ref() {
+                let parsed = HttpPattern::parse(pattern)
+                    .map_err(|e| self.invalid(patterns, format!("{here}: `grants.http`: {e}")))?;
+                http.allowed.push(parsed);
+            }
+        }
         if let Some(env) = &raw.env
             && let Some(bad) = env
                 .get_ref()
@@ -1031,6 +1048,7 @@ impl Checker<'_> {
                 .collect(),
             reply: raw.reply,
             outputs,
+            http,
         })
     }
 }

@@ -93,6 +93,7 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(to_anyhow)?;
         grants::add_to_linker(&mut linker).map_err(to_anyhow)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(to_anyhow)?;
         Handler::add_to_linker::<_, HasSelf<StoreState>>(&mut linker, |state| state)
             .map_err(to_anyhow)?;
         super::bindings_0_1::Handler::add_to_linker::<_, HasSelf<StoreState>>(

@@ -16,6 +16,7 @@ use wasmtime_wasi::p2::bindings::clocks::{monotonic_clock, wall_clock};
 use wasmtime_wasi::p2::bindings::random::{insecure, insecure_seed, random};
 use wasmtime_wasi::random::WasiRandomView as _;
 
+use super::http::HttpGrants;
 use super::store::StoreState;
 
 /// What a mount's handlers may use beyond computing on their delivery.
@@ -35,6 +36,8 @@ pub struct Grants {
     pub reply: bool,
     /// How much one delivery may publish.
     pub outputs: OutputLimits,
+    /// Whom the handler may call over HTTP.
+    pub http: HttpGrants,
 }
 
 /// An address, or with `*` standing for any run of characters a family of

@@ -10,6 +10,7 @@
 mod cpu;
 mod engine;
 mod grants;
+mod http;
 mod instances;
 mod module;
 mod outbox;
@@ -19,6 +20,7 @@ mod store;
 pub use cpu::CpuLane;
 pub use engine::{PoolSize, Sandbox};
 pub use grants::{AddressPattern, Denied, Grants, Output, OutputLimits};
+pub use http::{BadHttpPattern, HttpGrants, HttpPattern};
 pub use instances::{
     Call, CallLimits, InstancePolicy, InstanceSlots, Instances, MemoryBudget, MemoryHeld,
     PoolNeeds, Reserved,

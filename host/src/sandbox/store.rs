@@ -5,10 +5,12 @@ use std::time::Instant;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
 use super::grants::Grants;
+use super::http::HttpGate;
 use super::module::LogTags;
 use super::outbox::Outbox;
 use super::output::LogOutput;
@@ -65,6 +67,8 @@ pub(crate) struct StoreState {
     logged: usize,
     /// What the call has sent.
     pub(crate) outbox: Outbox,
+    http: WasiHttpCtx,
+    http_gate: HttpGate,
 }
 
 impl StoreState {
@@ -82,6 +86,7 @@ impl StoreState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
+        let http_gate = HttpGate::new(setup.clone());
         StoreState {
             wasi,
             table: ResourceTable::new(),
@@ -93,6 +98,8 @@ impl StoreState {
             stderr,
             logged: 0,
             outbox: Outbox::default(),
+            http: WasiHttpCtx::new(),
+            http_gate,
         }
     }
 
@@ -132,6 +139,16 @@ impl WasiView for StoreState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_gate,
         }
     }
 }

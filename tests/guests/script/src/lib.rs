@@ -11,7 +11,9 @@
 //! and `random` (read the wall clock or random bytes, then ack), `fresh`
 //! (ack in a fresh instance, drop in one that served a delivery before),
 //! `expect=KEY=TEXT` (ack if the property KEY, rendered as text, is TEXT,
-//! else drop), `body=TEXT` (ack if the body is TEXT, else drop).
+//! else drop), `body=TEXT` (ack if the body is TEXT, else drop),
+//! `fetch=URL` (GET URL: ack on a 2xx answer whose body is the delivery's
+//! body, drop if the host denied the request, retry otherwise).
 //!
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
@@ -24,6 +26,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use wharf_guest::http::{self, HttpError};
 use wharf_guest::{Delivery, Message, Outcome, SendError, Value, log, outbox};
 
 fn handle(d: Delivery) -> Outcome {
@@ -144,7 +147,10 @@ fn act(d: &Delivery, action: &str) -> Outcome {
             if let Some(Ok(bytes)) = other.strip_prefix("flood=").map(str::parse::<usize>) {
                 flood(bytes);
             }
-            if let Some((key, wanted)) = other.strip_prefix("expect=").and_then(|e| e.split_once('=')) {
+            if let Some((key, wanted)) = other
+                .strip_prefix("expect=")
+                .and_then(|e| e.split_once('='))
+            {
                 let rendered = d.property(key).map(render);
                 return match rendered {
                     Some(seen) if seen == wanted => Outcome::Ack,
@@ -153,6 +159,9 @@ fn act(d: &Delivery, action: &str) -> Outcome {
                         Outcome::Drop
                     }
                 };
+            }
+            if let Some(url) = other.strip_prefix("fetch=") {
+                return fetch(d, url);
             }
             if let Some(wanted) = other.strip_prefix("body=") {
                 return if d.body_str() == Some(wanted) {
@@ -175,6 +184,23 @@ fn act(d: &Delivery, action: &str) -> Outcome {
                 busy(Duration::from_millis(ms));
             }
             Outcome::Ack
+        }
+    }
+}
+
+fn fetch(d: &Delivery, url: &str) -> Outcome {
+    match http::get(url) {
+        Ok(response) if (200..300).contains(&response.status) && response.body == d.body => {
+            Outcome::Ack
+        }
+        Ok(response) => {
+            log::warn(&format!("{url}: {} {:?}", response.status, response.text()));
+            Outcome::Retry
+        }
+        Err(HttpError::Denied) => Outcome::Drop,
+        Err(e) => {
+            log::warn(&format!("{url}: {e}"));
+            Outcome::Retry
         }
     }
 }

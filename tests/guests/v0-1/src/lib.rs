@@ -13,7 +13,10 @@ struct Handler;
 
 impl Guest for Handler {
     fn handle(d: Delivery) -> Outcome {
-        log(Level::Info, &format!("0.1.0 handler, attempt {}", d.attempt));
+        log(
+            Level::Info,
+            &format!("0.1.0 handler, attempt {}", d.attempt),
+        );
         if d.body == b"v0.1" {
             Outcome::Ack
         } else {
