@@ -596,3 +596,46 @@ fn zero_outputs_and_empty_patterns_are_refused() {
     let message = error(&SENDS.replace(r#""audit""#, r#""""#));
     assert!(message.contains("empty address pattern"), "{message}");
 }
+
+#[test]
+fn http_grants_parse_and_learn_the_admin_listener() {
+    let text = SENDS.replace(
+        "reply = true",
+        "reply = true\nhttp = [\"https://api.example.com\", \"http://127.0.0.1:8080\"]",
+    ) + "[admin]\nlisten = \"127.0.0.1:9090\"\n";
+    let config = parse(&text).expect("valid config");
+    let (_, mount) = config.mounts().next().expect("a mount");
+    let allowed: Vec<&str> = mount
+        .grants
+        .http
+        .allowed
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
+    assert_eq!(
+        allowed,
+        ["https://api.example.com", "http://127.0.0.1:8080"]
+    );
+    assert_eq!(
+        mount.grants.http.admin,
+        Some("127.0.0.1:9090".parse().expect("an address"))
+    );
+    let (_, other) = config.mounts().nth(1).expect("a second mount");
+    assert!(other.grants.http.allowed.is_empty(), "deny by default");
+}
+
+#[test]
+fn an_http_grant_that_is_not_an_origin_is_refused_naming_it() {
+    let text = SENDS.replace(
+        "reply = true",
+        "reply = true\nhttp = [\"https://api.example.com/v1\"]",
+    );
+    let message = error(&text);
+    assert!(
+        message.contains("tenant `a`, mount `m`: `grants.http`")
+            && message.contains("`https://api.example.com/v1` is not an origin")
+            && message.contains("it has a path")
+            && message.contains("line 15"),
+        "{message}"
+    );
+}

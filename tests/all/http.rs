@@ -1,0 +1,182 @@
+//! Handlers that call HTTP services: only origins the mount grants, never
+//! an address handlers must not reach, and a slow server is the handler's
+//! time-out. The servers are plain sockets the test answers itself.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use wharf::settlement::Disposition;
+
+use crate::client::TestMessage;
+use crate::{MountToml, TestHost, artemis_url, assert_failed, start_with_client, unique};
+
+/// An HTTP/1.1 server on loopback: `GET /echo/TEXT` answers `TEXT`,
+/// `GET /slow` is never answered. It keeps every request line it read.
+struct Server {
+    port: u16,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    async fn start() -> anyhow::Result<Server> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let line = head.lines().next().unwrap_or_default().to_owned();
+                    seen.lock().expect("not poisoned").push(line.clone());
+                    let path = line.split(' ').nth(1).unwrap_or_default();
+                    let Some(text) = path.strip_prefix("/echo/") else {
+                        // Holds the connection open, answering nothing.
+                        let _ = socket.read(&mut buf).await;
+                        return;
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                        text.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Ok(Server { port, requests })
+    }
+
+    fn origin(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("not poisoned").clone()
+    }
+}
+
+fn mount(name: &str, address: &str, http: &[&str], extra: &[&str]) -> MountToml {
+    let mut mount = MountToml::new(name, "fixture_script", address);
+    for line in extra {
+        mount = mount.with(line);
+    }
+    if http.is_empty() {
+        return mount;
+    }
+    let http: Vec<String> = http.iter().map(|o| format!("\"{o}\"")).collect();
+    mount
+        .with("[tenant.mount.grants]")
+        .with(&format!("http = [{}]", http.join(", ")))
+}
+
+/// Publishes one message to `queue` that fetches `url` expecting `body`
+/// back, and returns its first handling.
+async fn fetch(
+    host: &mut TestHost,
+    client: &mut crate::client::Client,
+    queue: &str,
+    url: &str,
+    body: &str,
+) -> anyhow::Result<wharf::events::Handled> {
+    let id = unique("fetch");
+    let message = TestMessage::new(&id, body).script(&format!("*:fetch={url}"));
+    client.publish(queue, message).await?;
+    host.handled(&id).await
+}
+
+#[tokio::test]
+async fn a_handler_reaches_the_origins_it_is_granted_and_nothing_else() -> anyhow::Result<()> {
+    let (granted, other) = (Server::start().await?, Server::start().await?);
+    let (listed, wildcard, none) = (unique("http"), unique("http-any"), unique("http-none"));
+    let mounts = [
+        mount("listed", &listed, &[&granted.origin()], &[]),
+        mount("wildcard", &wildcard, &["*://*:*"], &[]),
+        mount("none", &none, &[], &[]),
+    ];
+    let (mut host, mut client) = start_with_client(&artemis_url(), &mounts).await?;
+    let at = |server: &Server, text: &str| format!("{}/echo/{text}", server.origin());
+
+    // The granted origin answers, and the handler acks on its answer.
+    let handled = fetch(
+        &mut host,
+        &mut client,
+        &listed,
+        &at(&granted, "pong"),
+        "pong",
+    )
+    .await?;
+    assert_eq!(
+        handled.disposition,
+        Some(Disposition::Accepted),
+        "{handled:?}"
+    );
+    assert_eq!(granted.requests(), ["GET /echo/pong HTTP/1.1"]);
+
+    // Another port of the same host is another origin: denied, and the
+    // request never leaves (the fixture drops on a denial).
+    let handled = fetch(&mut host, &mut client, &listed, &at(&other, "x"), "x").await?;
+    assert_eq!(
+        handled.disposition,
+        Some(Disposition::Rejected),
+        "{handled:?}"
+    );
+    // Without `grants.http` nothing is reachable.
+    let handled = fetch(&mut host, &mut client, &none, &at(&granted, "y"), "y").await?;
+    assert_eq!(
+        handled.disposition,
+        Some(Disposition::Rejected),
+        "{handled:?}"
+    );
+
+    // A wildcard reaches ordinary addresses, but not a metadata or a
+    // link-local one: those only a grant naming their IP reaches.
+    let handled = fetch(&mut host, &mut client, &wildcard, &at(&other, "z"), "z").await?;
+    assert_eq!(
+        handled.disposition,
+        Some(Disposition::Accepted),
+        "{handled:?}"
+    );
+    for guarded in ["http://169.254.169.254/latest", "http://169.254.1.1:8080/"] {
+        let handled = fetch(&mut host, &mut client, &wildcard, guarded, "z").await?;
+        assert_eq!(
+            handled.disposition,
+            Some(Disposition::Rejected),
+            "{guarded}: {handled:?}"
+        );
+    }
+    assert_eq!(granted.requests().len(), 1, "{:?}", granted.requests());
+    assert_eq!(other.requests(), ["GET /echo/z HTTP/1.1"]);
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_is_the_handlers_time_out() -> anyhow::Result<()> {
+    let server = Server::start().await?;
+    let q = unique("http-slow");
+    let mounts = [mount(
+        "m",
+        &q,
+        &[&server.origin()],
+        &["timeout = \"1s\"", "max_attempts = 1"],
+    )];
+    let (mut host, mut client) = start_with_client(&artemis_url(), &mounts).await?;
+    let url = format!("{}/slow", server.origin());
+    let handled = fetch(&mut host, &mut client, &q, &url, "x").await?;
+    assert_failed(&handled, "timeout");
+    assert_eq!(server.requests(), ["GET /slow HTTP/1.1"]);
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
