@@ -411,8 +411,14 @@ fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String
             to.join(", ")
         )
     };
+    let http = if grants.http.allowed.is_empty() {
+        String::new()
+    } else {
+        let to: Vec<&str> = grants.http.allowed.iter().map(|p| p.as_str()).collect();
+        format!("; HTTP to {} (not part of the settlement)", to.join(", "))
+    };
     format!(
-        "{}/{}: {} on `{}`; retry: {retry}; retry-after: {delay}{outputs}",
+        "{}/{}: {} on `{}`; retry: {retry}; retry-after: {delay}{outputs}{http}",
         tenant.name, mount.name, mount.settle, mount.address
     )
 }
