@@ -12,7 +12,8 @@ use crate::client::TestMessage;
 use crate::{MountToml, TestHost, artemis_url, assert_failed, start_with_client, unique};
 
 /// An HTTP/1.1 server on loopback: `GET /echo/TEXT` answers `TEXT`,
-/// `GET /slow` is never answered. It keeps every request line it read.
+/// `GET /prices/A-1` answers `9.50`, `GET /slow` is never answered and
+/// anything else is not found. It keeps every request line it read.
 struct Server {
     port: u16,
     requests: Arc<Mutex<Vec<String>>>,
@@ -40,13 +41,20 @@ impl Server {
                     let line = head.lines().next().unwrap_or_default().to_owned();
                     seen.lock().expect("not poisoned").push(line.clone());
                     let path = line.split(' ').nth(1).unwrap_or_default();
-                    let Some(text) = path.strip_prefix("/echo/") else {
-                        // Holds the connection open, answering nothing.
-                        let _ = socket.read(&mut buf).await;
-                        return;
+                    let (status, text) = match path {
+                        "/slow" => {
+                            // Holds the connection open, answering nothing.
+                            let _ = socket.read(&mut buf).await;
+                            return;
+                        }
+                        "/prices/A-1" => ("200 OK", "9.50"),
+                        _ => match path.strip_prefix("/echo/") {
+                            Some(text) => ("200 OK", text),
+                            None => ("404 Not Found", ""),
+                        },
                     };
                     let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
                         text.len()
                     );
                     let _ = socket.write_all(answer.as_bytes()).await;
@@ -176,6 +184,60 @@ async fn a_server_that_never_answers_is_the_handlers_time_out() -> anyhow::Resul
     let handled = fetch(&mut host, &mut client, &q, &url, "x").await?;
     assert_failed(&handled, "timeout");
     assert_eq!(server.requests(), ["GET /slow HTTP/1.1"]);
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_enrich_example_prices_an_order_and_publishes_it() -> anyhow::Result<()> {
+    let prices = Server::start().await?;
+    let (orders, enriched) = (unique("orders"), unique("orders-enriched"));
+    let service = format!("{}/prices", prices.origin());
+    let mounts = [MountToml::new("enrich", "enrich", &orders)
+        .with("[tenant.mount.grants]")
+        .with(&format!("http = [\"{}\"]", prices.origin()))
+        .with(&format!("send = [\"{enriched}\"]"))
+        .with(&format!(
+            "env = {{ PRICES_URL = \"{service}\", ENRICHED_ADDRESS = \"{enriched}\" }}"
+        ))];
+    let (mut host, mut client) = start_with_client(&artemis_url(), &mounts).await?;
+    let (known, unknown) = (unique("known"), unique("unknown"));
+    let mut watch = client.watch(&enriched).await?;
+    client
+        .publish(
+            &orders,
+            TestMessage::new(&known, r#"{"sku": "A-1", "qty": 2}"#),
+        )
+        .await?;
+    client
+        .publish(
+            &orders,
+            TestMessage::new(&unknown, r#"{"sku": "Z-9", "qty": 1}"#),
+        )
+        .await?;
+    assert_eq!(
+        host.handled(&known).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    assert_eq!(
+        host.handled(&unknown).await?.disposition,
+        Some(Disposition::Rejected)
+    );
+    let (_, message) = watch.next().await?;
+    let order: serde_json::Value = serde_json::from_slice(&crate::client::body_bytes(&message))?;
+    assert_eq!(
+        order,
+        serde_json::json!({"sku": "A-1", "qty": 2, "unit_price": 9.5, "total": 19.0})
+    );
+    assert_eq!(message.message_id(), Some(format!("{known}/out/0")));
+    let mut asked = prices.requests();
+    asked.sort();
+    assert_eq!(
+        asked,
+        ["GET /prices/A-1 HTTP/1.1", "GET /prices/Z-9 HTTP/1.1"]
+    );
+    watch.close().await;
     host.stop().await?;
     client.close().await;
     Ok(())
