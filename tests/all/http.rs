@@ -4,73 +4,108 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::PrivatePkcs8KeyDer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use wharf::settlement::Disposition;
 
 use crate::client::TestMessage;
+use crate::process::WharfProcess;
 use crate::{MountToml, TestHost, artemis_url, assert_failed, start_with_client, unique};
 
 /// An HTTP/1.1 server on loopback: `GET /echo/TEXT` answers `TEXT`,
 /// `GET /prices/A-1` answers `9.50`, `GET /slow` is never answered and
 /// anything else is not found. It keeps every request line it read.
 struct Server {
-    port: u16,
+    origin: String,
     requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
     async fn start() -> anyhow::Result<Server> {
+        Server::serve(None).await
+    }
+
+    /// The same over TLS, with a certificate for `127.0.0.1` and
+    /// `localhost` signed by a CA it returns (PEM).
+    async fn start_tls() -> anyhow::Result<(Server, String)> {
+        let (ca, cert, key) = wharf_tests::tls_broker::server_certificate()?;
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.into()], PrivatePkcs8KeyDer::from(key).into())?;
+        let server = Server::serve(Some(TlsAcceptor::from(Arc::new(config)))).await?;
+        Ok((server, ca))
+    }
+
+    async fn serve(tls: Option<TlsAcceptor>) -> anyhow::Result<Server> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let origin = format!("{scheme}://127.0.0.1:{}", listener.local_addr()?.port());
         let requests = Arc::new(Mutex::new(Vec::new()));
         let seen = requests.clone();
         tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let seen = seen.clone();
+            while let Ok((socket, _)) = listener.accept().await {
+                let (seen, tls) = (seen.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                    match tls {
+                        Some(tls) => {
+                            if let Ok(socket) = tls.accept(socket).await {
+                                answer(socket, &seen).await;
+                            }
                         }
+                        None => answer(socket, &seen).await,
                     }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    let line = head.lines().next().unwrap_or_default().to_owned();
-                    seen.lock().expect("not poisoned").push(line.clone());
-                    let path = line.split(' ').nth(1).unwrap_or_default();
-                    let (status, text) = match path {
-                        "/slow" => {
-                            // Holds the connection open, answering nothing.
-                            let _ = socket.read(&mut buf).await;
-                            return;
-                        }
-                        "/prices/A-1" => ("200 OK", "9.50"),
-                        _ => match path.strip_prefix("/echo/") {
-                            Some(text) => ("200 OK", text),
-                            None => ("404 Not Found", ""),
-                        },
-                    };
-                    let answer = format!(
-                        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-                        text.len()
-                    );
-                    let _ = socket.write_all(answer.as_bytes()).await;
                 });
             }
         });
-        Ok(Server { port, requests })
+        Ok(Server { origin, requests })
     }
 
     fn origin(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.origin.clone()
     }
 
     fn requests(&self) -> Vec<String> {
         self.requests.lock().expect("not poisoned").clone()
     }
+}
+
+/// Reads one request from `socket` into `seen` and answers it.
+async fn answer(mut socket: impl AsyncRead + AsyncWrite + Unpin, seen: &Mutex<Vec<String>>) {
+    let mut head = Vec::new();
+    let mut buf = [0; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match socket.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let line = head.lines().next().unwrap_or_default().to_owned();
+    seen.lock().expect("not poisoned").push(line.clone());
+    let path = line.split(' ').nth(1).unwrap_or_default();
+    let (status, text) = match path {
+        "/slow" => {
+            // Holds the connection open, answering nothing.
+            let _ = socket.read(&mut buf).await;
+            return;
+        }
+        "/prices/A-1" => ("200 OK", "9.50"),
+        _ => match path.strip_prefix("/echo/") {
+            Some(text) => ("200 OK", text),
+            None => ("404 Not Found", ""),
+        },
+    };
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    let _ = socket.write_all(answer.as_bytes()).await;
+    let _ = socket.shutdown().await;
 }
 
 fn mount(name: &str, address: &str, http: &[&str], extra: &[&str]) -> MountToml {
@@ -239,6 +274,34 @@ async fn the_enrich_example_prices_an_order_and_publishes_it() -> anyhow::Result
     );
     watch.close().await;
     host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn https_reaches_a_server_whose_ca_the_platform_trusts() -> anyhow::Result<()> {
+    let (server, ca) = Server::start_tls().await?;
+    let ca_file = crate::process::TempFile::new("pem", &ca)?;
+    let q = unique("https");
+    let text = crate::config_text(&artemis_url(), &[mount("m", &q, &[&server.origin()], &[])]);
+    // The platform's CA store is the one `SSL_CERT_FILE` names.
+    let ca_path = ca_file.0.display().to_string();
+    let mut wharf =
+        WharfProcess::start_config_with_env(&text, &[("SSL_CERT_FILE", &ca_path)]).await?;
+    let mut client = crate::client::Client::connect(&artemis_url()).await?;
+    let id = unique("fetch");
+    let url = format!("{}/echo/hi", server.origin());
+    client
+        .publish(
+            &q,
+            TestMessage::new(&id, "hi").script(&format!("*:fetch={url}")),
+        )
+        .await?;
+    wharf
+        .wait_for_log("\"disposition\":\"Some(Accepted)\"")
+        .await?;
+    assert_eq!(server.requests(), ["GET /echo/hi HTTP/1.1"]);
+    drop(wharf);
     client.close().await;
     Ok(())
 }

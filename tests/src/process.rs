@@ -44,10 +44,20 @@ impl WharfProcess {
 
     /// `wharf run` on the config `text`, once it logs that it runs.
     pub async fn start_config(text: &str) -> anyhow::Result<WharfProcess> {
+        WharfProcess::start_config_with_env(text, &[]).await
+    }
+
+    /// `wharf run` on the config `text` with the environment variables
+    /// `env` added, once it logs that it runs.
+    pub async fn start_config_with_env(
+        text: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<WharfProcess> {
         let config = TempFile::new("toml", text)?;
         let mut child = Command::new(wharf_binary())
             .args(["--log-format", "json", "run", "--config"])
             .arg(&config.0)
+            .envs(env.iter().copied())
             .env("WHARF_LOG", "info,wharf=debug")
             .stderr(Stdio::piped())
             .kill_on_drop(true)

@@ -129,6 +129,20 @@ fn leaf(
     Ok((key.serialize_pem(), cert.pem()))
 }
 
+/// A fresh CA (PEM) and a server certificate it signed for `127.0.0.1`
+/// and `localhost` (DER), with the certificate's key (PKCS#8 DER).
+pub fn server_certificate() -> anyhow::Result<(String, Vec<u8>, Vec<u8>)> {
+    let (ca_pem, issuer) = ca("wharf test CA")?;
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((ca_pem, cert.der().to_vec(), key.serialize_der()))
+}
+
 fn write_certificates(dir: &std::path::Path) -> anyhow::Result<TlsFiles> {
     let (ca_pem, issuer) = ca("wharf test CA")?;
     let (other_pem, _) = ca("wharf test CA nobody uses")?;
