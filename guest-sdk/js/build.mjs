@@ -2,7 +2,7 @@
 // Builds the handler project in the current directory into a wharf component.
 //
 //   node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs]
-//                        [--grants clocks,random] [ENTRY]
+//                        [--grants clocks,random,http] [ENTRY]
 //
 // ENTRY defaults to package.json "main" (else handler.js), OUT to
 // "<package name>.wasm", the engine to package.json "wharf.engine" (else
@@ -23,7 +23,7 @@ import { parseArgs } from 'node:util';
 const ENGINES = ['starlingmonkey', 'quickjs'];
 // What the mount may grant beyond computing on the delivery (see wharf.toml
 // [grants]); StarlingMonkey keeps the engine features that use them.
-const GRANTS = ['clocks', 'random'];
+const GRANTS = ['clocks', 'random', 'http'];
 const SDK_DIR = dirname(fileURLToPath(import.meta.url));
 const WIT_DIR = join(SDK_DIR, 'wit');
 const PROJECT_DIR = process.cwd();
@@ -43,7 +43,7 @@ const { values: args, positionals } = parseArgs({
   allowPositionals: true,
 });
 if (args.help) {
-  console.log('usage: node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs] [--grants clocks,random] [ENTRY]');
+  console.log('usage: node wharf/build.mjs [-o OUT.wasm] [--engine starlingmonkey|quickjs] [--grants clocks,random,http] [ENTRY]');
   process.exit(0);
 }
 
@@ -108,9 +108,9 @@ try {
     }));
   } else {
     const { componentize } = await importFromProject('@bytecodealliance/componentize-js');
-    // No wasi:http: handlers do not talk to the network. Clocks and random
-    // only when granted. Never AOT (weval would be downloaded at build time).
-    const disabled = ['http', 'fetch-event', ...GRANTS.filter((g) => !grants.includes(g))];
+    // Clocks, random and `fetch` (wasi:http) only when granted; never the
+    // incoming-HTTP handler. Never AOT (weval would be downloaded at build time).
+    const disabled = ['fetch-event', ...GRANTS.filter((g) => !grants.includes(g))];
     ({ component } = await componentize({
       sourcePath: bundled,
       witPath: WIT_DIR,

@@ -305,3 +305,29 @@ async fn https_reaches_a_server_whose_ca_the_platform_trusts() -> anyhow::Result
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn javascript_fetch_goes_through_the_same_grants() -> anyhow::Result<()> {
+    let (granted, other) = (Server::start().await?, Server::start().await?);
+    let q = unique("http-js");
+    let mounts = [MountToml::new("m", "fixture_fetch_js", &q)
+        .with("[tenant.mount.grants]")
+        .with(&format!("http = [\"{}\"]", granted.origin()))];
+    let (mut host, mut client) = start_with_client(&artemis_url(), &mounts).await?;
+    for (server, expected) in [
+        (&granted, Disposition::Accepted),
+        (&other, Disposition::Rejected),
+    ] {
+        let id = unique("fetch-js");
+        let url = format!("{}/echo/hi", server.origin());
+        let message = TestMessage::new(&id, "hi").property("url", url.as_str().into());
+        client.publish(&q, message).await?;
+        let handled = host.handled(&id).await?;
+        assert_eq!(handled.disposition, Some(expected), "{url}: {handled:?}");
+    }
+    assert_eq!(granted.requests(), ["GET /echo/hi HTTP/1.1"]);
+    assert!(other.requests().is_empty(), "{:?}", other.requests());
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
