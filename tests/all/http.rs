@@ -8,11 +8,15 @@ use rustls::pki_types::PrivatePkcs8KeyDer;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use wharf::config::Config;
 use wharf::settlement::Disposition;
 
-use crate::client::TestMessage;
+use crate::client::{Client, TestMessage};
 use crate::process::WharfProcess;
-use crate::{MountToml, TestHost, artemis_url, assert_failed, start_with_client, unique};
+use crate::{
+    MountToml, TenantToml, TestHost, artemis_url, assert_failed, start_with_client, tenants_text,
+    unique,
+};
 
 /// An HTTP/1.1 server on loopback: `GET /echo/TEXT` answers `TEXT`,
 /// `GET /prices/A-1` answers `9.50`, `GET /slow` is never answered and
@@ -126,7 +130,7 @@ fn mount(name: &str, address: &str, http: &[&str], extra: &[&str]) -> MountToml 
 /// back, and returns its first handling.
 async fn fetch(
     host: &mut TestHost,
-    client: &mut crate::client::Client,
+    client: &mut Client,
     queue: &str,
     url: &str,
     body: &str,
@@ -288,7 +292,7 @@ async fn https_reaches_a_server_whose_ca_the_platform_trusts() -> anyhow::Result
     let ca_path = ca_file.0.display().to_string();
     let mut wharf =
         WharfProcess::start_config_with_env(&text, &[("SSL_CERT_FILE", &ca_path)]).await?;
-    let mut client = crate::client::Client::connect(&artemis_url()).await?;
+    let mut client = Client::connect(&artemis_url()).await?;
     let id = unique("fetch");
     let url = format!("{}/echo/hi", server.origin());
     client
@@ -327,6 +331,47 @@ async fn javascript_fetch_goes_through_the_same_grants() -> anyhow::Result<()> {
     }
     assert_eq!(granted.requests(), ["GET /echo/hi HTTP/1.1"]);
     assert!(other.requests().is_empty(), "{:?}", other.requests());
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_admin_listener_is_reached_only_through_a_grant_naming_it() -> anyhow::Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let admin = format!("127.0.0.1:{port}");
+    let (wildcard, listed) = (unique("http-admin-any"), unique("http-admin-listed"));
+    let tenant = TenantToml::new(
+        "t",
+        vec![
+            mount("wildcard", &wildcard, &["*://*:*"], &[]),
+            mount("listed", &listed, &[&format!("http://{admin}")], &[]),
+        ],
+    );
+    let text = tenants_text(
+        &artemis_url(),
+        &format!("[admin]\nlisten = \"{admin}\""),
+        &[tenant],
+    );
+    let config = Config::parse(&text, std::path::Path::new("wharf.toml"))?;
+    let mut host = TestHost::start_config(config).await?;
+    let mut client = Client::connect(&artemis_url()).await?;
+    // `/healthz` answers "ok\n", the body the fixture wants back.
+    let healthz = format!("http://{admin}/healthz");
+    let handled = fetch(&mut host, &mut client, &wildcard, &healthz, "ok\n").await?;
+    assert_eq!(
+        handled.disposition,
+        Some(Disposition::Rejected),
+        "{handled:?}"
+    );
+    let handled = fetch(&mut host, &mut client, &listed, &healthz, "ok\n").await?;
+    assert_eq!(
+        handled.disposition,
+        Some(Disposition::Accepted),
+        "{handled:?}"
+    );
     host.stop().await?;
     client.close().await;
     Ok(())
