@@ -487,7 +487,7 @@ async fn a_crash_with_copies_held_for_rabbitmq_loses_nothing() -> anyhow::Result
 }
 
 /// `rabbitmqctl` against the RabbitMQ 4 node.
-async fn rabbitmq4_ctl(args: &[&str]) -> anyhow::Result<()> {
+pub(crate) async fn rabbitmq4_ctl(args: &[&str]) -> anyhow::Result<()> {
     let status = tokio::process::Command::new(repo_root().join("scripts/rabbitmq4"))
         .arg("ctl")
         .args(args)

@@ -4,15 +4,19 @@
 //! its outputs (once each on Artemis, which drops duplicates by id).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
+use wharf::config::Config;
+use wharf::events::Event;
 use wharf::settlement::{Disposition, Outcome};
 
 use crate::client::{Client, TestMessage, body_bytes, correlation_id, message_id};
+use crate::faults::rabbitmq4_ctl;
 use crate::process::WharfProcess;
 use crate::{
-    DEADLINE, MountToml, TestHost, artemis_url, config_text, rabbitmq4_shared, rabbitmq4_url,
-    start_with_client, unique, wait_for_count,
+    DEADLINE, MountToml, TenantToml, TestHost, artemis_url, config_text, rabbitmq4_exclusive,
+    rabbitmq4_shared, rabbitmq4_url, start_with_client, tenants_text, unique, wait_for_count,
 };
 use wharf_tests::rabbitmq4::{declare, delete};
 
@@ -455,4 +459,66 @@ async fn wharf_request_prints_the_reply_on_rabbitmq4() -> anyhow::Result<()> {
     declare(&q, "quorum", "").await?;
     request_to_the_rpc_example(&rabbitmq4_url(), &format!("/queues/{q}")).await?;
     delete(&q).await
+}
+
+/// The first delivery handed to a handler, and whether another one was
+/// handed to a handler before that first delivery was settled.
+async fn overlapped(host: &mut TestHost) -> anyhow::Result<bool> {
+    let first = host
+        .next(|e| match e {
+            Event::Started { message_id, .. } => Some(message_id.clone()),
+            _ => None,
+        })
+        .await?;
+    host.next(|e| match e {
+        Event::Started { message_id, .. } if *message_id != first => Some(true),
+        Event::Handled(h) if h.message_id == first => Some(false),
+        _ => None,
+    })
+    .await
+}
+
+#[tokio::test]
+async fn outputs_waiting_on_the_broker_hold_the_tenants_running_slot() -> anyhow::Result<()> {
+    let _broker = rabbitmq4_exclusive().await;
+    let url = rabbitmq4_url();
+    let name = unique("held");
+    let (q, out) = (format!("/queue/{name}"), format!("/queue/{name}.out"));
+    let ids = [unique("held-a"), unique("held-b")];
+    let mut client = Client::connect(&url).await?;
+    for id in &ids {
+        let message = TestMessage::new(id, "x").script(&format!("*:send={out},ack"));
+        client.publish(&q, message).await?;
+    }
+    let tenant = TenantToml::new("t", vec![mount(&q, &[&out], &[])]).with("max_running = 1");
+    let text =
+        tenants_text(&url, "", &[tenant]).replacen("[host]", "publish_timeout = \"2s\"\n[host]", 1);
+    let config = Config::parse(&text, Path::new("wharf.toml"))?;
+    // The memory alarm: the broker takes no message from any publisher, so
+    // the first delivery's output waits until the publish times out.
+    rabbitmq4_ctl(&["set_vm_memory_high_watermark", "0"]).await?;
+    let blocked = async {
+        let mut host = TestHost::start_config(config).await?;
+        let overlapped = overlapped(&mut host).await?;
+        anyhow::Ok((host, overlapped))
+    }
+    .await;
+    rabbitmq4_ctl(&["set_vm_memory_high_watermark", "0.4"]).await?;
+    let (mut host, overlapped) = blocked?;
+    assert!(
+        !overlapped,
+        "a delivery started while another's outputs were still unconfirmed"
+    );
+    // Once the broker takes messages again, both go through.
+    for id in &ids {
+        while host.handled(id).await?.disposition != Some(Disposition::Accepted) {}
+    }
+    host.stop().await?;
+    let mut watch = client.watch(&out).await?;
+    for _ in &ids {
+        watch.next().await?;
+    }
+    watch.close().await;
+    client.close().await;
+    Ok(())
 }
