@@ -35,6 +35,21 @@ enum LogFormat {
     Json,
 }
 
+/// The broker `wharf send` and `wharf request` talk to.
+#[derive(clap::Args)]
+struct BrokerChoice {
+    /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672 (amqps:// trusts
+    /// the platform's CAs).
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    url: Option<String>,
+    /// Connect as this config file's `[broker]` does (TLS, SASL, secrets).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// With `--config`: the broker of this tenant instead of the default.
+    #[arg(long, requires = "config")]
+    tenant: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Connect to the broker and run every mount until SIGINT or SIGTERM.
@@ -53,16 +68,8 @@ enum Command {
     /// Publish messages to an address and wait for the broker to accept
     /// each (handy to try a mount).
     Send {
-        /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672 (amqps:// trusts
-        /// the platform's CAs).
-        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
-        url: Option<String>,
-        /// Connect as this config file's `[broker]` does (TLS, SASL, secrets).
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// With `--config`: the broker of this tenant instead of the default.
-        #[arg(long, requires = "config")]
-        tenant: Option<String>,
+        #[command(flatten)]
+        broker: BrokerChoice,
         /// The address to publish to.
         #[arg(long)]
         address: String,
@@ -76,15 +83,8 @@ enum Command {
     /// Send one request with a `reply-to` and print the reply (to try a
     /// handler that replies).
     Request {
-        /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672.
-        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
-        url: Option<String>,
-        /// Connect as this config file's `[broker]` does (TLS, SASL, secrets).
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// With `--config`: the broker of this tenant instead of the default.
-        #[arg(long, requires = "config")]
-        tenant: Option<String>,
+        #[command(flatten)]
+        broker: BrokerChoice,
         /// The address to send the request to.
         #[arg(long)]
         address: String,
@@ -212,9 +212,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Send {
-            url,
-            config,
-            tenant,
+            broker,
             address,
             properties,
             bodies,
@@ -223,16 +221,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 address,
                 properties,
                 timeout: Duration::from_secs(30),
-                ..send_options(url, config, tenant, "send")?
+                ..send_options(broker, "send")?
             };
             wharf::broker::send(&options, &bodies)
                 .await
                 .context("send failed")
         }
         Command::Request {
-            url,
-            config,
-            tenant,
+            broker,
             address,
             body,
             properties,
@@ -244,7 +240,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 properties,
                 timeout,
                 reply_to,
-                ..send_options(url, config, tenant, "request")?
+                ..send_options(broker, "request")?
             };
             let reply = wharf::broker::request(&options, &body)
                 .await
@@ -328,13 +324,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
 
 /// How `wharf send` or `wharf request` (`command`) reaches the broker of
 /// [`send_broker`], to be completed with what to send.
-fn send_options(
-    url: Option<String>,
-    config: Option<PathBuf>,
-    tenant: Option<String>,
-    command: &str,
-) -> anyhow::Result<SendOptions> {
-    let broker = send_broker(url, config, tenant)?;
+fn send_options(choice: BrokerChoice, command: &str) -> anyhow::Result<SendOptions> {
+    let broker = send_broker(choice)?;
     let url = broker.urls.first().context("the broker names no URL")?;
     let mut connect = ConnectOptions::of(&broker);
     connect.container_id = format!("wharf-{command}-{}", std::process::id());
@@ -350,11 +341,12 @@ fn send_options(
 
 /// The broker `wharf send` publishes to: a URL, or a config's broker (a
 /// tenant's own when named).
-fn send_broker(
-    url: Option<String>,
-    config: Option<PathBuf>,
-    tenant: Option<String>,
-) -> anyhow::Result<Broker> {
+fn send_broker(choice: BrokerChoice) -> anyhow::Result<Broker> {
+    let BrokerChoice {
+        url,
+        config,
+        tenant,
+    } = choice;
     let Some(path) = config else {
         let url = url.context("give --url or --config")?;
         let broker = Broker::at(&url);
