@@ -216,12 +216,7 @@ fn resident_bytes() -> u64 {
 async fn main() -> anyhow::Result<()> {
     // The `flaky` handlers log a line per delivery; measured here is the
     // host, not the terminal.
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    bench::init_logging();
     let flag = |name: &str| {
         std::env::args().find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_owned))
     };

@@ -16,6 +16,17 @@ use wharf::config::Config;
 use crate::client::Client;
 use crate::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
+/// Host logs to stderr at `warn` unless `WHARF_LOG` says otherwise:
+/// measured is the host, not the terminal.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Messages per measurement: `WHARF_BENCH_MESSAGES`, else `default`.
 pub fn messages(default: usize) -> usize {
     std::env::var("WHARF_BENCH_MESSAGES")
