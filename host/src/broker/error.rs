@@ -65,6 +65,14 @@ pub enum BrokerError {
         #[source]
         source: PublishFailure,
     },
+    /// A transaction committing outputs with their inputs failed.
+    #[error("transaction failed while {stage}: {reason}")]
+    Transaction {
+        /// What it was doing.
+        stage: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
     /// The mount's publisher failed, so its links are going down.
     #[error("address `{address}`: sender link failed: {source}")]
     Sender {

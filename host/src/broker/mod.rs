@@ -12,6 +12,7 @@ mod send;
 pub mod socket;
 mod subscription;
 pub mod tls;
+mod transaction;
 
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ pub use pool::{BrokerPool, PoolStatus, PooledSession};
 pub use publisher::{Offered, OutputsOn, Publisher, PublisherTask, SenderTarget};
 pub use send::{Reply, SendOptions, request, send};
 pub use subscription::{Inbound, Received, ReceiverOptions, Subscription};
+pub use transaction::{Output, Transactions, TransactionsOn};
 
 /// How long to wait for the broker to answer a detach, end or close.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);

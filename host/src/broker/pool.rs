@@ -32,6 +32,8 @@ pub struct PooledSession {
     pub endpoint: Endpoint,
     /// What the broker said about itself when the connection opened.
     pub offers: BrokerOffers,
+    /// Which of the pool's connections the session is on.
+    pub connection: u64,
     _lease: Lease,
 }
 
@@ -71,6 +73,10 @@ pub struct BrokerPool {
 
 enum Request {
     Session(oneshot::Sender<Result<PooledSession, Arc<BrokerError>>>),
+    SessionOn(
+        u64,
+        oneshot::Sender<Result<PooledSession, Arc<BrokerError>>>,
+    ),
     Close(oneshot::Sender<()>),
 }
 
@@ -102,15 +108,21 @@ impl BrokerPool {
     /// once with the last error while the broker is being backed off from.
     pub async fn session(&self) -> Result<PooledSession, Arc<BrokerError>> {
         let (done, answer) = oneshot::channel();
-        let closed = || {
-            Arc::new(BrokerError::Begin {
-                source: Timed::Failed(BeginError::IllegalState),
-            })
-        };
         self.requests
             .send(Request::Session(done))
-            .map_err(|_| closed())?;
-        answer.await.map_err(|_| closed())?
+            .map_err(|_| cannot_begin())?;
+        answer.await.map_err(|_| cannot_begin())?
+    }
+
+    /// A new session on `connection` (a [`PooledSession::connection`]), for
+    /// work the broker ties to one connection (a transaction's). Fails if
+    /// that connection is gone or takes no more sessions.
+    pub async fn session_on(&self, connection: u64) -> Result<PooledSession, Arc<BrokerError>> {
+        let (done, answer) = oneshot::channel();
+        self.requests
+            .send(Request::SessionOn(connection, done))
+            .map_err(|_| cannot_begin())?;
+        answer.await.map_err(|_| cannot_begin())?
     }
 
     /// What the pool knows now.
@@ -127,7 +139,16 @@ impl BrokerPool {
     }
 }
 
+/// A session asked of a pool that is closed, or on a connection it lost.
+fn cannot_begin() -> Arc<BrokerError> {
+    Arc::new(BrokerError::Begin {
+        source: Timed::Failed(BeginError::IllegalState),
+    })
+}
+
 struct Live {
+    /// Unique within the pool.
+    id: u64,
     connection: BrokerConnection,
     sessions: Arc<AtomicUsize>,
     /// The broker refused one more session on it; cleared when one ends.
@@ -155,6 +176,10 @@ impl PoolTask {
                 request = inbox.recv() => match request {
                     Some(Request::Session(done)) => {
                         let session = self.session().await;
+                        let _ = done.send(session);
+                    }
+                    Some(Request::SessionOn(connection, done)) => {
+                        let session = self.session_on(connection).await;
                         let _ = done.send(session);
                     }
                     Some(Request::Close(done)) => {
@@ -201,6 +226,17 @@ impl PoolTask {
         session.map_err(Arc::new)
     }
 
+    async fn session_on(&mut self, connection: u64) -> Result<PooledSession, Arc<BrokerError>> {
+        self.forget_closed();
+        let live = self
+            .connections
+            .iter_mut()
+            .find(|live| live.id == connection)
+            .ok_or_else(cannot_begin)?;
+        let session = live.connection.begin_session().await.map_err(Arc::new)?;
+        Ok(lease(live, session))
+    }
+
     /// Opens a connection to the next node, unless the last attempt failed
     /// too recently.
     async fn connect(&mut self) -> Result<Live, Arc<BrokerError>> {
@@ -223,6 +259,7 @@ impl PoolTask {
                 self.failed_until = None;
                 self.publish_status(None);
                 Ok(Live {
+                    id: self.opened,
                     connection,
                     sessions: Arc::default(),
                     full: Arc::default(),
@@ -287,6 +324,7 @@ fn lease(live: &mut Live, session: SessionHandle<()>) -> PooledSession {
         session,
         endpoint: live.connection.endpoint().clone(),
         offers: live.connection.offers().clone(),
+        connection: live.id,
         _lease: Lease {
             sessions: live.sessions.clone(),
             full: live.full.clone(),

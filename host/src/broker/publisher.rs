@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{AttachFailure, BrokerError, PublishFailure};
+use super::transaction::{Transactions, TransactionsOn};
 use super::{BrokerPool, PooledSession};
 
 /// The capability a broker offers on a sender link when it schedules
@@ -36,24 +37,26 @@ struct Request {
 #[derive(Clone)]
 pub struct Publisher {
     requests: mpsc::Sender<Request>,
+    transactions: Option<Transactions>,
 }
 
-/// The task that owns the sender links.
+/// The tasks that own the sender links.
 pub struct PublisherTask {
     task: tokio::task::JoinHandle<()>,
+    transactions: Option<tokio::task::JoinHandle<()>>,
     close: CancellationToken,
     failure: Arc<Failure>,
 }
 
 /// The first sender link failure, kept for the mount to report.
 #[derive(Default)]
-struct Failure {
-    happened: CancellationToken,
+pub(super) struct Failure {
+    pub(super) happened: CancellationToken,
     error: Mutex<Option<BrokerError>>,
 }
 
 impl Failure {
-    fn record(&self, error: BrokerError) {
+    pub(super) fn record(&self, error: BrokerError) {
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(error);
@@ -72,7 +75,7 @@ pub struct SenderTarget<'a> {
 }
 
 /// What the broker offered on the sender links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Offered {
     /// The first target's link schedules messages by delivery time.
     pub delayed_delivery: bool,
@@ -101,6 +104,9 @@ impl PublisherTask {
     /// links, waiting at most `close_timeout` for each.
     pub async fn close(self) {
         self.close.cancel();
+        if let Some(transactions) = self.transactions {
+            let _ = transactions.await;
+        }
         let _ = self.task.await;
     }
 }
@@ -110,12 +116,16 @@ impl Publisher {
     /// Outputs go out on a session of their own from `outputs`, begun when
     /// first needed, with senders attached as each address is first used:
     /// a broker that ends the session over an address it refuses (RabbitMQ
-    /// 4 does) then takes down no link of the mount's.
+    /// 4 does) then takes down no link of the mount's. With `transactions`,
+    /// outputs are committed with their inputs instead, on a session of
+    /// their own beside the receiver's; failing to set that up fails the
+    /// attach.
     pub async fn attach(
         session: &mut SessionHandle<()>,
         link_prefix: &str,
         targets: &[SenderTarget<'_>],
         outputs: OutputsOn,
+        transactions: Option<TransactionsOn<'_>>,
         publish_timeout: Duration,
         close_timeout: Duration,
     ) -> Result<(Publisher, PublisherTask, Offered), BrokerError> {
@@ -133,18 +143,27 @@ impl Publisher {
             }
             senders.insert(target.address.to_owned(), sender);
         }
-        let (requests, inbox) = mpsc::channel(256);
         let close = CancellationToken::new();
         let failure = Arc::new(Failure::default());
+        let (transactions, transactions_task) = match transactions {
+            Some(on) => {
+                let attached = Transactions::attach(on, failure.clone(), close.clone()).await;
+                match attached {
+                    Ok((handle, task)) => (Some(handle), Some(task)),
+                    Err(e) => {
+                        for (_, sender) in senders {
+                            let _ = tokio::time::timeout(close_timeout, sender.close()).await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            None => (None, None),
+        };
+        let (requests, inbox) = mpsc::channel(256);
         let links = Links {
             senders,
-            outputs: OutputLinks {
-                on: outputs,
-                link_prefix: format!("{link_prefix}/out"),
-                session: None,
-                senders: HashMap::new(),
-                attached: Vec::new(),
-            },
+            outputs: OutputLinks::new(outputs, format!("{link_prefix}/out"), None),
             publish_timeout,
             close_timeout,
             failure: failure.clone(),
@@ -152,16 +171,26 @@ impl Publisher {
         let task = tokio::spawn(links.serve(inbox, close.clone()));
         let task = PublisherTask {
             task,
+            transactions: transactions_task,
             close,
             failure,
         };
-        Ok((Publisher { requests }, task, Offered { delayed_delivery }))
+        let publisher = Publisher {
+            requests,
+            transactions,
+        };
+        Ok((publisher, task, Offered { delayed_delivery }))
     }
 
     /// Publishes an encoded message to `address`, one of those attached up
     /// front, and waits for the broker's `accepted`.
     pub async fn publish(&self, address: &str, payload: Bytes) -> Result<(), BrokerError> {
         self.request(address, payload, false).await
+    }
+
+    /// Where outputs are committed with their inputs, when they are.
+    pub fn transactions(&self) -> Option<&Transactions> {
+        self.transactions.as_ref()
     }
 
     /// Publishes a handler's output, encoded, to `address` and waits for
@@ -227,7 +256,7 @@ async fn attach_sender(
 }
 
 /// The session and senders of a mount's outputs.
-struct OutputLinks {
+pub(super) struct OutputLinks {
     on: OutputsOn,
     link_prefix: String,
     session: Option<PooledSession>,
@@ -237,9 +266,24 @@ struct OutputLinks {
 }
 
 impl OutputLinks {
+    /// Output senders on `session`, or on one begun when first needed.
+    pub(super) fn new(
+        on: OutputsOn,
+        link_prefix: String,
+        session: Option<PooledSession>,
+    ) -> OutputLinks {
+        OutputLinks {
+            on,
+            link_prefix,
+            session,
+            senders: HashMap::new(),
+            attached: Vec::new(),
+        }
+    }
+
     /// The sender for `address`, attached (on a session begun) now if
     /// there is none yet.
-    async fn sender(&mut self, address: &str) -> Result<&mut Sender, PublishFailure> {
+    pub(super) async fn sender(&mut self, address: &str) -> Result<&mut Sender, PublishFailure> {
         if !self.senders.contains_key(address) {
             if self.attached.len() >= MAX_OUTPUT_SENDERS {
                 let oldest = self.attached.remove(0);
@@ -288,7 +332,7 @@ impl OutputLinks {
         self.session = None;
     }
 
-    async fn close(self, timeout: Duration) {
+    pub(super) async fn close(self, timeout: Duration) {
         for (_, sender) in self.senders {
             let _ = tokio::time::timeout(timeout, sender.close()).await;
         }

@@ -189,6 +189,11 @@ impl Subscription {
         })
     }
 
+    /// Settles this receiver's deliveries from another task.
+    pub fn disposer(&self) -> fe2o3_amqp::ReceiverDisposer {
+        self.receiver.disposer()
+    }
+
     /// Rejects a delivery that is not a readable AMQP message, saying why.
     pub async fn reject_undecodable(
         &self,

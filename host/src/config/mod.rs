@@ -302,6 +302,9 @@ pub struct Mount {
     /// Where `retry-after` copies wait; `None` decides from what the broker
     /// offers.
     pub delay: Option<DelayChoice>,
+    /// How outputs commit with their input's acknowledgement; `None`
+    /// decides from what the broker offers.
+    pub outputs: Option<OutputsChoice>,
     /// How the original of a `retry-after` is settled once its copy is
     /// accepted.
     pub retry_after_original: RetryAfterOriginal,
@@ -325,6 +328,18 @@ pub enum DelayChoice {
     Scheduled,
     /// Held by the host with the original unsettled until the delay is over.
     Held,
+}
+
+/// How a mount's outputs commit with their input's acknowledgement, when
+/// the config says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputsChoice {
+    /// Posted and the input accepted in one AMQP transaction: all or
+    /// nothing. The mount does not attach on a broker without transactions.
+    Transaction,
+    /// Published and confirmed, then the input accepted: at least once.
+    Confirm,
 }
 
 /// How the original of a `retry-after` is settled once its copy is
@@ -507,6 +522,7 @@ struct RawMount {
     max_message_size: Option<Spanned<u64>>,
     retry: Option<RetryChoice>,
     delay: Option<DelayChoice>,
+    outputs: Option<OutputsChoice>,
     #[serde(default)]
     retry_after_original: RetryAfterOriginal,
     max_outputs: Option<Spanned<u32>>,
@@ -932,6 +948,7 @@ impl Checker<'_> {
                 .map_or(Mount::DEFAULT_MAX_MESSAGE_SIZE, Spanned::into_inner),
             retry: raw.retry,
             delay: raw.delay,
+            outputs: raw.outputs,
             retry_after_original: raw.retry_after_original,
         })
     }

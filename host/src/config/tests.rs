@@ -349,9 +349,9 @@ fn a_bad_broker_url_is_refused_without_showing_its_password() {
 }
 
 #[test]
-fn mounts_choose_their_message_size_retry_and_delay_paths() {
+fn mounts_choose_their_message_size_retry_delay_and_outputs_paths() {
     let config = parse(&format!(
-        "{GOOD}max_message_size = \"1MiB\"\nretry = \"copy\"\ndelay = \"held\"\nretry_after_original = \"accepted\"\n"
+        "{GOOD}max_message_size = \"1MiB\"\nretry = \"copy\"\ndelay = \"held\"\nretry_after_original = \"accepted\"\noutputs = \"confirm\"\n"
     ))
     .expect("valid config");
     let (_, mount) = config.mounts().next().expect("one mount");
@@ -359,13 +359,19 @@ fn mounts_choose_their_message_size_retry_and_delay_paths() {
     assert_eq!(mount.retry, Some(RetryChoice::Copy));
     assert_eq!(mount.delay, Some(DelayChoice::Held));
     assert_eq!(mount.retry_after_original, RetryAfterOriginal::Accepted);
+    assert_eq!(mount.outputs, Some(OutputsChoice::Confirm));
     let defaults = parse(GOOD).expect("valid config");
     let (_, mount) = defaults.mounts().next().expect("one mount");
     assert_eq!(mount.max_message_size, Mount::DEFAULT_MAX_MESSAGE_SIZE);
-    assert_eq!((mount.retry, mount.delay), (None, None));
+    assert_eq!(
+        (mount.retry, mount.delay, mount.outputs),
+        (None, None, None)
+    );
     assert_eq!(mount.retry_after_original, RetryAfterOriginal::Rejected);
     let e = error(&format!("{GOOD}delay = \"later\"\n"));
     assert!(e.contains("delay"), "{e}");
+    let e = error(&format!("{GOOD}outputs = \"twice\"\n"));
+    assert!(e.contains("outputs") && e.contains("transaction"), "{e}");
 }
 
 #[test]

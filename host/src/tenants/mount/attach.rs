@@ -8,9 +8,9 @@ use super::MountSpec;
 use crate::broker::management::{QueueInfo, QueueKind};
 use crate::broker::{
     AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn, PooledSession,
-    Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription,
+    Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription, TransactionsOn,
 };
-use crate::config::{DelayChoice, Node, RetryAfterOriginal, RetryChoice};
+use crate::config::{DelayChoice, Node, OutputsChoice, RetryAfterOriginal, RetryChoice, Settle};
 use crate::events::Event;
 use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
 
@@ -20,7 +20,8 @@ pub(crate) struct MountContext {
     policy: Policy,
     pub(crate) publisher: Publisher,
     /// Whether outputs carry Artemis's duplicate-detection property: the
-    /// broker is Artemis, which then drops an output published twice.
+    /// broker is Artemis, which then drops an output published twice, and
+    /// outputs are confirmed rather than committed in transactions.
     pub(crate) duplicate_ids: bool,
     /// Whether an at-most-once outcome that cannot act has been logged at
     /// warn level yet; later ones go to debug.
@@ -106,15 +107,25 @@ impl Links {
         }
         // Outputs, like dead letters, go to queues whenever the mount says
         // what its nodes are.
+        let output_capability = mount.node.map(|_| Node::Queue.capability());
+        let transactions = commits_in_transactions(&spec, &session).then(|| TransactionsOn {
+            pool: pool.clone(),
+            connection: session.connection,
+            disposer: subscription.disposer(),
+            capability: output_capability,
+            link_prefix: &link_name,
+            publish_timeout: spec.broker.publish_timeout,
+        });
         let outputs = OutputsOn {
             pool,
-            capability: mount.node.map(|_| Node::Queue.capability()),
+            capability: output_capability,
         };
         let attached = Publisher::attach(
             &mut session.session,
             &link_name,
             &targets,
             outputs,
+            transactions,
             spec.broker.publish_timeout,
             CLOSE_TIMEOUT,
         );
@@ -168,7 +179,7 @@ impl Links {
             settle = %mount.settle,
             retry_path = ?policy.retry,
             delay_path = ?policy.delay,
-            outputs = outputs_path(&spec, session.offers.is_artemis()),
+            outputs = outputs_path(&spec, &publisher, session.offers.is_artemis()),
             "mount attached"
         );
         warn_of_delivery_limit(&spec, queue.as_ref());
@@ -183,8 +194,8 @@ impl Links {
         let context = MountContext {
             spec,
             policy,
+            duplicate_ids: session.offers.is_artemis() && publisher.transactions().is_none(),
             publisher,
-            duplicate_ids: session.offers.is_artemis(),
             unsupported_warned: AtomicBool::new(false),
         };
         AttachedMount {
@@ -196,13 +207,36 @@ impl Links {
     }
 }
 
-/// How the mount's outputs are committed, for the attach log.
-fn outputs_path(spec: &MountSpec, artemis: bool) -> &'static str {
+/// Whether a mount's outputs are committed with their inputs in
+/// transactions: when it may have outputs, settles after the handler, and
+/// the config asks for it, or
+/// leaves it to the broker and the broker is Artemis (RabbitMQ has no
+/// transactions).
+fn commits_in_transactions(spec: &MountSpec, session: &PooledSession) -> bool {
     let grants = &spec.config.grants;
-    match (grants.send.is_empty() && !grants.reply, artemis) {
-        (true, _) => "none granted",
-        (false, true) => "confirmed before the ack, duplicates dropped by _AMQ_DUPL_ID",
-        (false, false) => "confirmed before the ack, at least once",
+    let outputs = !grants.send.is_empty() || grants.reply;
+    // An at-most-once delivery is settled on receipt: there is no
+    // acceptance to commit with.
+    outputs
+        && spec.config.settle == Settle::AtLeastOnce
+        && match spec.config.outputs {
+            Some(OutputsChoice::Transaction) => true,
+            Some(OutputsChoice::Confirm) => false,
+            None => session.offers.is_artemis(),
+        }
+}
+
+/// How the mount's outputs are committed, for the attach log.
+fn outputs_path(spec: &MountSpec, publisher: &Publisher, artemis: bool) -> &'static str {
+    let grants = &spec.config.grants;
+    if grants.send.is_empty() && !grants.reply {
+        "none granted"
+    } else if publisher.transactions().is_some() {
+        "in one transaction with the ack: all or nothing"
+    } else if artemis {
+        "confirmed before the ack, duplicates dropped by _AMQ_DUPL_ID"
+    } else {
+        "confirmed before the ack, at least once"
     }
 }
 

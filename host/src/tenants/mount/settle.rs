@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::attach::MountContext;
 use crate::admin::MountMetrics;
 use crate::broker::message::AmqpMessage;
+use crate::broker::{Output, Transactions};
 use crate::events::Event;
 use crate::sandbox::Outgoing;
 use crate::settlement::{DelayPath, Disposition, Plan, Publish};
@@ -63,7 +64,7 @@ pub(super) async fn carry_out(
     outputs: &[Outgoing],
     flush: &CancellationToken,
 ) -> Settled {
-    let settle = async |disposition| match settler.settle(info, disposition).await {
+    let settle = async |disposition| match settler.settle(info.clone(), disposition).await {
         Ok(()) => Settled {
             disposition: Some(disposition),
             error: None,
@@ -79,24 +80,43 @@ pub(super) async fn carry_out(
             publish,
             then,
             otherwise,
-        } => match publish_one(context, message, publish, outputs, flush).await {
-            Ok(()) => {
-                context.spec.publish_backoff_reset();
-                settle(then).await
-            }
-            Err(error) => {
-                // Handing the delivery back at once would bring it straight
-                // back to a publish that fails: pause first.
-                let pause = context.spec.publish_backoff_next();
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    () = flush.cancelled() => {}
+        } => {
+            let published = match (publish, context.publisher.transactions()) {
+                // The acceptance is part of the transaction.
+                (Publish::Outputs, Some(transactions)) => {
+                    commit_outputs(context, transactions, info.clone(), message, outputs)
+                        .await
+                        .map(|()| Committed::WithAcceptance)
                 }
-                let mut settled = settle(otherwise).await;
-                settled.error = Some(error);
-                settled
+                _ => publish_one(context, message, publish, outputs, flush)
+                    .await
+                    .map(|()| Committed::Alone),
+            };
+            match published {
+                Ok(committed) => {
+                    context.spec.publish_backoff_reset();
+                    match committed {
+                        Committed::WithAcceptance => Settled {
+                            disposition: Some(then),
+                            error: None,
+                        },
+                        Committed::Alone => settle(then).await,
+                    }
+                }
+                Err(error) => {
+                    // Handing the delivery back at once would bring it straight
+                    // back to a publish that fails: pause first.
+                    let pause = context.spec.publish_backoff_next();
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = flush.cancelled() => {}
+                    }
+                    let mut settled = settle(otherwise).await;
+                    settled.error = Some(error);
+                    settled
+                }
             }
-        },
+        }
         Plan::Presettled { publish, .. } => {
             let error = match publish {
                 Some(publish) => publish_one(context, message, publish, outputs, flush)
@@ -164,6 +184,55 @@ async fn publish_one(
     }
 }
 
+/// Whether the input was accepted with what was published.
+enum Committed {
+    /// In the same transaction.
+    WithAcceptance,
+    /// No: the input is settled next.
+    Alone,
+}
+
+/// The outputs of the handler of `input`, encoded, each with its
+/// deterministic message-id.
+fn encode_outputs(
+    context: &MountContext,
+    input: &AmqpMessage,
+    outputs: &[Outgoing],
+) -> Result<Vec<Output>, String> {
+    let input_id = input.message_id().unwrap_or_else(|| input.body_digest());
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let message =
+                AmqpMessage::output(&output.message, &input_id, index, context.duplicate_ids);
+            Ok(Output {
+                address: output.address.clone(),
+                payload: message.encode().map_err(|e| e.to_string())?,
+            })
+        })
+        .collect()
+}
+
+/// Posts every output of the handler of `input` and accepts `input` in one
+/// transaction, and waits until it is committed.
+async fn commit_outputs(
+    context: &MountContext,
+    transactions: &Transactions,
+    info: DeliveryInfo,
+    input: &AmqpMessage,
+    outputs: &[Outgoing],
+) -> Result<(), String> {
+    let encoded = encode_outputs(context, input, outputs)?;
+    let committed = transactions.commit(info, encoded).await;
+    let (published, failed) = match committed {
+        Ok(()) => (outputs.len(), 0),
+        Err(_) => (0, outputs.len()),
+    };
+    context.spec.metrics.outputs_published(published, failed);
+    committed.map_err(|e| e.to_string())
+}
+
 /// Publishes every output of the handler of `input` at once, and waits
 /// until the broker has accepted them all.
 async fn publish_outputs(
@@ -171,14 +240,15 @@ async fn publish_outputs(
     input: &AmqpMessage,
     outputs: &[Outgoing],
 ) -> Result<(), String> {
-    let input_id = input.message_id().unwrap_or_else(|| input.body_digest());
-    let published =
-        futures_util::future::join_all(outputs.iter().enumerate().map(|(index, output)| {
-            let message =
-                AmqpMessage::output(&output.message, &input_id, index, context.duplicate_ids);
-            publish_output(context, &output.address, message)
-        }))
-        .await;
+    let encoded = encode_outputs(context, input, outputs)?;
+    let published = futures_util::future::join_all(encoded.into_iter().map(|output| async move {
+        context
+            .publisher
+            .publish_output(&output.address, output.payload)
+            .await
+            .map_err(|e| e.to_string())
+    }))
+    .await;
     let failed = published.iter().filter(|p| p.is_err()).count();
     context
         .spec
@@ -189,19 +259,6 @@ async fn publish_outputs(
         Some(error) if failed == 1 => Err(error),
         Some(error) => Err(format!("{error} (and {} more outputs)", failed - 1)),
     }
-}
-
-async fn publish_output(
-    context: &MountContext,
-    address: &str,
-    message: AmqpMessage,
-) -> Result<(), String> {
-    let encoded = message.encode().map_err(|e| e.to_string())?;
-    context
-        .publisher
-        .publish_output(address, encoded)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 async fn publish_message(

@@ -674,6 +674,24 @@ impl ReceiverDisposer {
             .await
     }
 
+    /// Accepts the delivery as work of the transaction `txn_id`: the
+    /// acceptance takes effect when the transaction commits.
+    #[cfg(feature = "transaction")]
+    pub async fn accept_in_transaction(
+        &self,
+        delivery_info: impl Into<DeliveryInfo>,
+        txn_id: fe2o3_amqp_types::transaction::TransactionId,
+    ) -> Result<(), DispositionError> {
+        let info = delivery_info.into();
+        let state = DeliveryState::TransactionalState(
+            fe2o3_amqp_types::transaction::TransactionalState {
+                txn_id,
+                outcome: Some(fe2o3_amqp_types::messaging::Outcome::Accepted(Accepted {})),
+            },
+        );
+        self.dispose(info, state).await
+    }
+
     /// Release the delivery (Released disposition — equivalent to `abandon`).
     pub async fn release(
         &self,

@@ -493,6 +493,36 @@ impl Sender {
             })
     }
 
+    /// Posts message sections that are already encoded as work of the
+    /// transaction `txn_id`: the transfer carries a transactional state,
+    /// and the outcome resolves when the coordinator has taken the
+    /// message into the transaction.
+    #[cfg(feature = "transaction")]
+    pub async fn post_payload_batchable(
+        &mut self,
+        payload: bytes::Bytes,
+        txn_id: fe2o3_amqp_types::transaction::TransactionId,
+    ) -> Result<DeliveryFut<Result<Outcome, SendError>>, SendError> {
+        let state = DeliveryState::TransactionalState(
+            fe2o3_amqp_types::transaction::TransactionalState {
+                txn_id,
+                outcome: None,
+            },
+        );
+        self.inner
+            .send_payload::<SendError>(
+                payload,
+                fe2o3_amqp_types::messaging::MESSAGE_FORMAT,
+                None,
+                Some(state),
+                true,
+            )
+            .await
+            .map(|settlement| {
+                DeliveryFut::new(settlement, self.inner.link.session_stop_reason.clone())
+            })
+    }
+
     /// Returns when the remote peer detach/close the link
     ///
     /// The peer's detach has already been answered when this returns, so the

@@ -1,0 +1,362 @@
+//! Outputs committed with the inputs they answer: a handler's outputs are
+//! posted and its input accepted in one AMQP local transaction, so the
+//! broker keeps all of it or none, whatever fails when.
+//!
+//! The deliveries waiting when a transaction starts share it: one declare
+//! and one commit carry a whole batch. A batch whose outputs the broker
+//! refuses is rolled back and tried again one delivery at a time, so one
+//! refused output costs no other delivery an attempt.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fe2o3_amqp::ReceiverDisposer;
+use fe2o3_amqp::link::delivery::DeliveryInfo;
+use fe2o3_amqp::transaction::{Controller, Transaction, TransactionDischarge};
+use fe2o3_amqp::types::messaging::Outcome;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::BrokerPool;
+use super::error::{AttachFailure, BrokerError, PublishFailure};
+use super::publisher::{Failure, OutputLinks, OutputsOn};
+
+/// The most deliveries committed in one transaction.
+const MAX_BATCH: usize = 256;
+
+/// An output, encoded, and the address it goes to.
+pub struct Output {
+    /// The address.
+    pub address: String,
+    /// The encoded message.
+    pub payload: Bytes,
+}
+
+struct Work {
+    input: DeliveryInfo,
+    outputs: Vec<Output>,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+}
+
+/// A handle to commit outputs with their inputs. Clones share the
+/// transaction link.
+#[derive(Clone)]
+pub struct Transactions {
+    requests: mpsc::Sender<Work>,
+}
+
+impl Transactions {
+    /// Publishes `outputs` and accepts `input` in one transaction, and waits
+    /// until it is committed. On an error nothing of it happened, unless the
+    /// links went down (then the broker rolls back what was not committed).
+    pub async fn commit(
+        &self,
+        input: DeliveryInfo,
+        outputs: Vec<Output>,
+    ) -> Result<(), BrokerError> {
+        let (done, answer) = oneshot::channel();
+        let gone = || BrokerError::Transaction {
+            stage: "queueing",
+            reason: "the mount's links went down".to_owned(),
+        };
+        let work = Work {
+            input,
+            outputs,
+            done,
+        };
+        self.requests.send(work).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// What a mount needs to commit in transactions.
+pub struct TransactionsOn<'a> {
+    /// The broker.
+    pub pool: BrokerPool,
+    /// The connection the mount's receiver is on: the transaction's session
+    /// must be on it too.
+    pub connection: u64,
+    /// Settles the receiver's deliveries.
+    pub disposer: ReceiverDisposer,
+    /// The terminus capability of output senders, if any.
+    pub capability: Option<&'static str>,
+    /// The mount's link name, to name the links after.
+    pub link_prefix: &'a str,
+    /// How long each step may take.
+    pub publish_timeout: Duration,
+}
+
+impl Transactions {
+    /// Begins a session beside the receiver's and attaches a transaction
+    /// controller on it. Fails when the broker has no coordinator; then
+    /// nothing is left attached.
+    pub(super) async fn attach(
+        on: TransactionsOn<'_>,
+        failure: Arc<Failure>,
+        close: CancellationToken,
+    ) -> Result<(Transactions, tokio::task::JoinHandle<()>), BrokerError> {
+        let mut session =
+            on.pool
+                .session_on(on.connection)
+                .await
+                .map_err(|e| BrokerError::Transaction {
+                    stage: "beginning its session",
+                    reason: e.to_string(),
+                })?;
+        let name = format!("{}/txn", on.link_prefix);
+        let controller = Controller::attach(&mut session.session, name)
+            .await
+            .map_err(|e| BrokerError::Attach {
+                address: "the transaction coordinator".to_owned(),
+                role: "controller",
+                source: AttachFailure::Sender(e),
+            })?;
+        let outputs = OutputLinks::new(
+            OutputsOn {
+                pool: on.pool,
+                capability: on.capability,
+            },
+            format!("{}/out", on.link_prefix),
+            Some(session),
+        );
+        let (requests, inbox) = mpsc::channel(MAX_BATCH);
+        let committer = Committer {
+            controller,
+            outputs,
+            disposer: on.disposer,
+            timeout: on.publish_timeout,
+            failure,
+        };
+        let task = tokio::spawn(committer.serve(inbox, close));
+        Ok((Transactions { requests }, task))
+    }
+}
+
+struct Committer {
+    controller: Controller,
+    outputs: OutputLinks,
+    disposer: ReceiverDisposer,
+    timeout: Duration,
+    failure: Arc<Failure>,
+}
+
+/// Why a transaction did not commit.
+enum Failed {
+    /// The broker refused an output: the transaction was rolled back and
+    /// the links are fine. Deliveries on their own may yet commit.
+    Refused(BrokerError),
+    /// The links cannot be trusted any more; the mount must attach again.
+    Links(BrokerError),
+}
+
+impl Committer {
+    async fn serve(mut self, mut inbox: mpsc::Receiver<Work>, close: CancellationToken) {
+        loop {
+            let first = tokio::select! {
+                work = inbox.recv() => work,
+                () = close.cancelled() => {
+                    // Commit what was already queued, then stop.
+                    inbox.close();
+                    inbox.recv().await
+                }
+            };
+            let Some(first) = first else { break };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH
+                && let Ok(work) = inbox.try_recv()
+            {
+                batch.push(work);
+            }
+            self.commit_batch(batch).await;
+        }
+        let _ = tokio::time::timeout(self.timeout, self.controller.close()).await;
+        self.outputs.close(self.timeout).await;
+    }
+
+    async fn commit_batch(&mut self, batch: Vec<Work>) {
+        // Senders first, outside any transaction: a delivery whose output
+        // address the broker refuses fails alone.
+        let mut ready = Vec::with_capacity(batch.len());
+        for work in batch {
+            match self.attach_senders(&work).await {
+                Ok(()) => ready.push(work),
+                Err(e) => {
+                    let _ = work.done.send(Err(e));
+                }
+            }
+        }
+        if ready.len() == 1 {
+            return self.commit_alone(ready.remove(0)).await;
+        }
+        match self.transact(&ready).await {
+            Ok(()) => answer_all(ready, || Ok(())),
+            Err(Failed::Refused(_)) => {
+                for work in ready {
+                    self.commit_alone(work).await;
+                }
+            }
+            Err(Failed::Links(error)) => self.links_failed(error, ready),
+        }
+    }
+
+    async fn commit_alone(&mut self, work: Work) {
+        if self.failure.happened.is_cancelled() {
+            return self.links_failed(links_down(), vec![work]);
+        }
+        match self.transact(std::slice::from_ref(&work)).await {
+            Ok(()) => {
+                let _ = work.done.send(Ok(()));
+            }
+            Err(Failed::Refused(error)) => {
+                let _ = work.done.send(Err(error));
+            }
+            Err(Failed::Links(error)) => self.links_failed(error, vec![work]),
+        }
+    }
+
+    /// The mount's links must come down: the broker rolls back whatever
+    /// was not committed.
+    fn links_failed(&self, error: BrokerError, batch: Vec<Work>) {
+        let reason = error.to_string();
+        self.failure.record(error);
+        answer_all(batch, || {
+            Err(BrokerError::Transaction {
+                stage: "committing",
+                reason: reason.clone(),
+            })
+        });
+    }
+
+    async fn attach_senders(&mut self, work: &Work) -> Result<(), BrokerError> {
+        for output in &work.outputs {
+            let attached =
+                tokio::time::timeout(self.timeout, self.outputs.sender(&output.address)).await;
+            let failure = match attached {
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => PublishFailure::TimedOut(self.timeout),
+            };
+            return Err(BrokerError::Publish {
+                address: output.address.clone(),
+                source: failure,
+            });
+        }
+        Ok(())
+    }
+
+    /// One transaction: declare, post every output and wait for the broker
+    /// to take each, accept every input, commit.
+    async fn transact(&mut self, batch: &[Work]) -> Result<(), Failed> {
+        let Committer {
+            controller,
+            outputs,
+            disposer,
+            timeout,
+            ..
+        } = self;
+        let timeout = *timeout;
+        let txn = step(timeout, "declaring", Transaction::declare(controller, None)).await?;
+        let txn_id = fe2o3_amqp::transaction::TransactionBase::txn_id(&txn).clone();
+        // Post everything, then wait for the answers together.
+        let deadline = Instant::now() + timeout;
+        let mut posted = Vec::new();
+        for output in batch.iter().flat_map(|work| &work.outputs) {
+            let sender = outputs
+                .sender(&output.address)
+                .await
+                .map_err(|source| Failed::Refused(output_error(&output.address, source)))?;
+            let sent = tokio::time::timeout_at(
+                deadline,
+                sender.post_payload_batchable(output.payload.clone(), txn_id.clone()),
+            )
+            .await;
+            match sent {
+                Ok(Ok(outcome)) => posted.push((&output.address, outcome)),
+                Ok(Err(e)) => {
+                    return Err(Failed::Links(output_error(
+                        &output.address,
+                        PublishFailure::Send(e),
+                    )));
+                }
+                Err(_) => {
+                    return Err(Failed::Links(output_error(
+                        &output.address,
+                        PublishFailure::TimedOut(timeout),
+                    )));
+                }
+            }
+        }
+        let answers = futures_util::future::join_all(posted.into_iter().map(
+            |(address, outcome)| async move {
+                match tokio::time::timeout_at(deadline, outcome).await {
+                    Ok(Ok(Outcome::Accepted(_))) => Ok(()),
+                    Ok(Ok(other)) => Err(Failed::Refused(output_error(
+                        address,
+                        PublishFailure::Refused(format!("{other:?}")),
+                    ))),
+                    Ok(Err(e)) => Err(Failed::Links(output_error(
+                        address,
+                        PublishFailure::Send(e),
+                    ))),
+                    Err(_) => Err(Failed::Links(output_error(
+                        address,
+                        PublishFailure::TimedOut(timeout),
+                    ))),
+                }
+            },
+        ))
+        .await;
+        if let Some(failed) = answers.into_iter().find_map(Result::err) {
+            if let Failed::Refused(_) = failed {
+                step(timeout, "rolling back", txn.rollback()).await?;
+            }
+            return Err(failed);
+        }
+        for work in batch {
+            step(
+                timeout,
+                "accepting an input",
+                disposer.accept_in_transaction(work.input.clone(), txn_id.clone()),
+            )
+            .await?;
+        }
+        step(timeout, "committing", txn.commit()).await
+    }
+}
+
+/// One step of a transaction, within `timeout`. A step that fails leaves
+/// the transaction in a state only the broker knows: the links must go.
+async fn step<T, E: std::fmt::Display>(
+    timeout: Duration,
+    stage: &'static str,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, Failed> {
+    let reason = match tokio::time::timeout(timeout, fut).await {
+        Ok(Ok(done)) => return Ok(done),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {timeout:?}"),
+    };
+    Err(Failed::Links(BrokerError::Transaction { stage, reason }))
+}
+
+fn output_error(address: &str, source: PublishFailure) -> BrokerError {
+    BrokerError::Publish {
+        address: address.to_owned(),
+        source,
+    }
+}
+
+fn links_down() -> BrokerError {
+    BrokerError::Transaction {
+        stage: "starting",
+        reason: "the mount's links went down".to_owned(),
+    }
+}
+
+fn answer_all(batch: Vec<Work>, result: impl Fn() -> Result<(), BrokerError>) {
+    for work in batch {
+        let _ = work.done.send(result());
+    }
+}
