@@ -40,6 +40,10 @@ pub enum Event {
         retry: RetryPath,
         /// Where `retry-after` copies wait on these links.
         delay: DelayPath,
+        /// Whether outputs commit with their inputs in transactions on
+        /// these links (else they are confirmed before the input is
+        /// accepted).
+        transactions: bool,
         /// The kind of queue behind the address, where the broker said.
         queue: Option<QueueKind>,
     },

@@ -138,6 +138,9 @@ pub enum PublishFailure {
     /// The link could not send it.
     #[error(transparent)]
     Send(SendError),
+    /// Posting in a transaction failed.
+    #[error(transparent)]
+    Post(fe2o3_amqp::transaction::PostError),
     /// The broker settled it with something other than `accepted`.
     #[error("the broker answered {0}")]
     Refused(String),

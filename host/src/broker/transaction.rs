@@ -13,8 +13,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use fe2o3_amqp::ReceiverDisposer;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
-use fe2o3_amqp::transaction::{Controller, Transaction, TransactionDischarge};
+use fe2o3_amqp::transaction::{Controller, PostError, Transaction, TransactionDischarge};
 use fe2o3_amqp::types::messaging::Outcome;
+use fe2o3_amqp::types::transaction::TransactionId;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -259,56 +260,10 @@ impl Committer {
         let timeout = *timeout;
         let txn = step(timeout, "declaring", Transaction::declare(controller, None)).await?;
         let txn_id = fe2o3_amqp::transaction::TransactionBase::txn_id(&txn).clone();
-        // Post everything, then wait for the answers together.
-        let deadline = Instant::now() + timeout;
-        let mut posted = Vec::new();
-        for output in batch.iter().flat_map(|work| &work.outputs) {
-            let sender = outputs
-                .sender(&output.address)
-                .await
-                .map_err(|source| Failed::Refused(output_error(&output.address, source)))?;
-            let sent = tokio::time::timeout_at(
-                deadline,
-                sender.post_payload_batchable(output.payload.clone(), txn_id.clone()),
-            )
-            .await;
-            match sent {
-                Ok(Ok(outcome)) => posted.push((&output.address, outcome)),
-                Ok(Err(e)) => {
-                    return Err(Failed::Links(output_error(
-                        &output.address,
-                        PublishFailure::Send(e),
-                    )));
-                }
-                Err(_) => {
-                    return Err(Failed::Links(output_error(
-                        &output.address,
-                        PublishFailure::TimedOut(timeout),
-                    )));
-                }
-            }
-        }
-        let answers = futures_util::future::join_all(posted.into_iter().map(
-            |(address, outcome)| async move {
-                match tokio::time::timeout_at(deadline, outcome).await {
-                    Ok(Ok(Outcome::Accepted(_))) => Ok(()),
-                    Ok(Ok(other)) => Err(Failed::Refused(output_error(
-                        address,
-                        PublishFailure::Refused(format!("{other:?}")),
-                    ))),
-                    Ok(Err(e)) => Err(Failed::Links(output_error(
-                        address,
-                        PublishFailure::Send(e),
-                    ))),
-                    Err(_) => Err(Failed::Links(output_error(
-                        address,
-                        PublishFailure::TimedOut(timeout),
-                    ))),
-                }
-            },
-        ))
-        .await;
-        if let Some(failed) = answers.into_iter().find_map(Result::err) {
+        if let Err(failed) = post_all(outputs, batch, &txn_id, timeout).await {
+            // A refusal leaves the links fine: undo the transaction's
+            // work and go on. Otherwise the links go, and with them the
+            // transaction.
             if let Failed::Refused(_) = failed {
                 step(timeout, "rolling back", txn.rollback()).await?;
             }
@@ -324,6 +279,56 @@ impl Committer {
         }
         step(timeout, "committing", txn.commit()).await
     }
+}
+
+/// Posts every output of `batch` in the transaction `txn_id`, then waits
+/// for the broker to take each, all within `timeout`.
+async fn post_all(
+    outputs: &mut OutputLinks,
+    batch: &[Work],
+    txn_id: &TransactionId,
+    timeout: Duration,
+) -> Result<(), Failed> {
+    let deadline = Instant::now() + timeout;
+    let mut posted = Vec::new();
+    for output in batch.iter().flat_map(|work| &work.outputs) {
+        let failed = |source| output_error(&output.address, source);
+        let sender = outputs
+            .sender(&output.address)
+            .await
+            .map_err(|source| Failed::Refused(failed(source)))?;
+        let sent = tokio::time::timeout_at(
+            deadline,
+            sender.post_payload_batchable(output.payload.clone(), txn_id.clone()),
+        )
+        .await;
+        match sent {
+            Ok(Ok(outcome)) => posted.push((&output.address, outcome)),
+            // Refused before it went out: the link is fine.
+            Ok(Err(e @ PostError::MessageSizeExceeded(_))) => {
+                return Err(Failed::Refused(failed(PublishFailure::Post(e))));
+            }
+            Ok(Err(e)) => return Err(Failed::Links(failed(PublishFailure::Post(e)))),
+            Err(_) => return Err(Failed::Links(failed(PublishFailure::TimedOut(timeout)))),
+        }
+    }
+    let answers =
+        futures_util::future::join_all(posted.into_iter().map(|(address, outcome)| async move {
+            let failed = |source| output_error(address, source);
+            match tokio::time::timeout_at(deadline, outcome).await {
+                Ok(Ok(Outcome::Accepted(_))) => Ok(()),
+                Ok(Ok(other)) => Err(Failed::Refused(failed(PublishFailure::Refused(format!(
+                    "{other:?}"
+                ))))),
+                Ok(Err(e)) => Err(Failed::Links(failed(PublishFailure::Post(e)))),
+                Err(_) => Err(Failed::Links(failed(PublishFailure::TimedOut(timeout)))),
+            }
+        }))
+        .await;
+    answers
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
 }
 
 /// One step of a transaction, within `timeout`. A step that fails leaves

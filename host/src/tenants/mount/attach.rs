@@ -189,6 +189,7 @@ impl Links {
             modified_supported: policy.modified_supported,
             retry: policy.retry,
             delay: policy.delay,
+            transactions: publisher.transactions().is_some(),
             queue: queue.map(|q| q.kind),
         });
         let context = MountContext {

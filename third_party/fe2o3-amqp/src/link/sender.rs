@@ -502,7 +502,10 @@ impl Sender {
         &mut self,
         payload: bytes::Bytes,
         txn_id: fe2o3_amqp_types::transaction::TransactionId,
-    ) -> Result<DeliveryFut<Result<Outcome, SendError>>, SendError> {
+    ) -> Result<
+        DeliveryFut<Result<Outcome, crate::transaction::PostError>>,
+        crate::transaction::PostError,
+    > {
         let state = DeliveryState::TransactionalState(
             fe2o3_amqp_types::transaction::TransactionalState {
                 txn_id,
@@ -510,7 +513,7 @@ impl Sender {
             },
         );
         self.inner
-            .send_payload::<SendError>(
+            .send_payload::<crate::transaction::PostError>(
                 payload,
                 fe2o3_amqp_types::messaging::MESSAGE_FORMAT,
                 None,
