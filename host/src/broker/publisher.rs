@@ -117,9 +117,9 @@ impl Publisher {
     /// first needed, with senders attached as each address is first used:
     /// a broker that ends the session over an address it refuses (RabbitMQ
     /// 4 does) then takes down no link of the mount's. With `transactions`,
-    /// outputs are committed with their inputs instead, on a session of
-    /// their own beside the receiver's; failing to set that up fails the
-    /// attach.
+    /// outputs are committed with their inputs instead (the controller on
+    /// `session`, the outputs on a session of their own on its
+    /// connection); failing to set that up fails the attach.
     pub async fn attach(
         session: &mut SessionHandle<()>,
         link_prefix: &str,
@@ -147,7 +147,8 @@ impl Publisher {
         let failure = Arc::new(Failure::default());
         let (transactions, transactions_task) = match transactions {
             Some(on) => {
-                let attached = Transactions::attach(on, failure.clone(), close.clone()).await;
+                let attached =
+                    Transactions::attach(on, session, failure.clone(), close.clone()).await;
                 match attached {
                     Ok((handle, task)) => (Some(handle), Some(task)),
                     Err(e) => {

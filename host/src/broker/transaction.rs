@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use fe2o3_amqp::ReceiverDisposer;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
+use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::transaction::{Controller, PostError, Transaction, TransactionDischarge};
 use fe2o3_amqp::types::messaging::Outcome;
 use fe2o3_amqp::types::transaction::TransactionId;
@@ -76,8 +77,8 @@ impl Transactions {
 pub struct TransactionsOn<'a> {
     /// The broker.
     pub pool: BrokerPool,
-    /// The connection the mount's receiver is on: the transaction's session
-    /// must be on it too.
+    /// The connection the mount's receiver is on: outputs must go out on
+    /// it too.
     pub connection: u64,
     /// Settles the receiver's deliveries.
     pub disposer: ReceiverDisposer,
@@ -90,37 +91,52 @@ pub struct TransactionsOn<'a> {
 }
 
 impl Transactions {
-    /// Begins a session beside the receiver's and attaches a transaction
-    /// controller on it. Fails when the broker has no coordinator; then
-    /// nothing is left attached.
+    /// Attaches a transaction controller on `session`, the receiver's, and
+    /// begins a session for outputs on the same connection. Fails when the
+    /// broker has no coordinator.
+    ///
+    /// The controller shares the receiver's session so that an input's
+    /// transactional acceptance reaches the broker before the commit: a
+    /// session sends its frames in order, two sessions may not.
     pub(super) async fn attach(
         on: TransactionsOn<'_>,
+        session: &mut SessionHandle<()>,
         failure: Arc<Failure>,
         close: CancellationToken,
     ) -> Result<(Transactions, tokio::task::JoinHandle<()>), BrokerError> {
-        let mut session =
+        let name = format!("{}/txn", on.link_prefix);
+        let controller =
+            Controller::attach(session, name)
+                .await
+                .map_err(|e| BrokerError::Attach {
+                    address: "the transaction coordinator".to_owned(),
+                    role: "controller",
+                    source: AttachFailure::Sender(e),
+                })?;
+        // Transactions belong to a connection: work posted in one must go
+        // out on it.
+        let outputs_session =
             on.pool
                 .session_on(on.connection)
                 .await
                 .map_err(|e| BrokerError::Transaction {
                     stage: "beginning its session",
                     reason: e.to_string(),
-                })?;
-        let name = format!("{}/txn", on.link_prefix);
-        let controller = Controller::attach(&mut session.session, name)
-            .await
-            .map_err(|e| BrokerError::Attach {
-                address: "the transaction coordinator".to_owned(),
-                role: "controller",
-                source: AttachFailure::Sender(e),
-            })?;
+                });
+        let outputs_session = match outputs_session {
+            Ok(outputs_session) => outputs_session,
+            Err(e) => {
+                let _ = tokio::time::timeout(on.publish_timeout, controller.close()).await;
+                return Err(e);
+            }
+        };
         let outputs = OutputLinks::new(
             OutputsOn {
                 pool: on.pool,
                 capability: on.capability,
             },
             format!("{}/out", on.link_prefix),
-            Some(session),
+            Some(outputs_session),
         );
         let (requests, inbox) = mpsc::channel(MAX_BATCH);
         let committer = Committer {
