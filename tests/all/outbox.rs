@@ -50,16 +50,48 @@ async fn artemis_count(client: &mut Client, queue: &str, expected: u64) -> anyho
     wait_for_count(queue, expected, async || client.artemis_count(queue).await).await
 }
 
+/// Whether the host's mount commits outputs in transactions.
+fn commits_in_transactions(host: &mut TestHost) -> bool {
+    host.seen(|e| {
+        matches!(
+            e,
+            Event::MountReady {
+                transactions: true,
+                ..
+            }
+        )
+    })
+}
+
 #[tokio::test]
-async fn outputs_are_published_only_when_the_input_is_acked() -> anyhow::Result<()> {
+async fn outputs_are_published_only_when_the_input_is_acked_in_a_transaction_on_artemis()
+-> anyhow::Result<()> {
+    outputs_only_with_an_ack(None).await
+}
+
+#[tokio::test]
+async fn outputs_are_published_only_when_the_input_is_acked_when_confirmed_on_artemis()
+-> anyhow::Result<()> {
+    outputs_only_with_an_ack(Some("confirm")).await
+}
+
+/// Every outcome after a send, on Artemis, with outputs committed the way
+/// `outputs` says (by default in transactions).
+async fn outputs_only_with_an_ack(outputs: Option<&str>) -> anyhow::Result<()> {
     let (q, out, leak) = (
         unique("outbox"),
         unique("outbox-out"),
         unique("outbox-leak"),
     );
-    let extra = ["max_attempts = 2", "retry = \"modified\""];
+    let mut extra = vec![
+        "max_attempts = 2".to_owned(),
+        "retry = \"modified\"".to_owned(),
+    ];
+    extra.extend(outputs.map(|path| format!("outputs = \"{path}\"")));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let (mut host, mut client) =
         start_with_client(&artemis_url(), &[mount(&q, &[&out, &leak], &extra)]).await?;
+    assert_eq!(commits_in_transactions(&mut host), outputs.is_none());
     // What every input publishes before its outcome, to `leak` unless the
     // outcome is `ack`; then, when it is settled for good.
     let cases = [
@@ -287,25 +319,39 @@ async fn a_component_built_against_0_1_0_still_runs() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the outputs of inputs a killed host worked on were.
+struct Published {
+    /// Outputs per input id.
+    outputs: BTreeMap<String, usize>,
+    /// How many carried Artemis's duplicate-detection property.
+    with_duplicate_ids: usize,
+}
+
 /// Kills `wharf run` three times while it works through `n` inputs that
-/// each publish one output, lets a last host finish, then reads every
-/// output. Returns outputs per input id.
+/// each publish one output, committed as the attach log's `outputs` says
+/// (after `extra` lines of the mount), lets a last host finish, then reads
+/// every output.
 async fn killed_while_publishing(
     url: &str,
     input: &str,
     output: &str,
     n: usize,
-) -> anyhow::Result<BTreeMap<String, usize>> {
+    extra: &[&str],
+    outputs_path: &str,
+) -> anyhow::Result<Published> {
     let ids: Vec<String> = (0..n).map(|i| format!("{input}.{i}")).collect();
     let mut client = Client::connect(url).await?;
     let script = format!("*:send={output},busy=3");
     client.publish_scripted(input, &ids, &script).await?;
+    let mut lines = vec!["concurrency = 4"];
+    lines.extend(extra);
     let text = config_text(
         url,
-        &[mount(input, &[output], &["concurrency = 4"]).with("clocks = true")],
+        &[mount(input, &[output], &lines).with("clocks = true")],
     );
     for round in 1..=3 {
         let mut wharf = WharfProcess::start_config(&text).await?;
+        wharf.wait_for_log(outputs_path).await?;
         let handled = wharf.collect_handled();
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while handled.lock().expect("log").len() < n / 6 {
@@ -322,6 +368,7 @@ async fn killed_while_publishing(
     let _ = wharf.collect_handled();
     let mut watch = client.watch(output).await?;
     let mut outputs: BTreeMap<String, usize> = BTreeMap::new();
+    let mut with_duplicate_ids = 0;
     while outputs.len() < n {
         let (_, message) = watch
             .next()
@@ -332,6 +379,10 @@ async fn killed_while_publishing(
             .strip_suffix("/out/0")
             .ok_or_else(|| anyhow::anyhow!("output id {id:?} is not derived from its input"))?;
         *outputs.entry(input_id.to_owned()).or_default() += 1;
+        let properties = message.application_properties.as_ref();
+        if properties.is_some_and(|p| p.iter().any(|(key, _)| key == "_AMQ_DUPL_ID")) {
+            with_duplicate_ids += 1;
+        }
     }
     watch.close().await;
     crate::process::signal(&wharf, "-TERM").await?;
@@ -339,26 +390,50 @@ async fn killed_while_publishing(
     client.close().await;
     let missing: Vec<&String> = ids.iter().filter(|id| !outputs.contains_key(*id)).collect();
     anyhow::ensure!(missing.is_empty(), "inputs without outputs: {missing:?}");
-    Ok(outputs)
+    Ok(Published {
+        outputs,
+        with_duplicate_ids,
+    })
 }
 
-#[tokio::test]
-async fn a_host_killed_mid_stream_publishes_each_output_once_on_artemis() -> anyhow::Result<()> {
+/// On Artemis, every input accepted and exactly one output for each, the
+/// way `extra` has the mount commit them.
+async fn killed_on_artemis(extra: &[&str], outputs_path: &str) -> anyhow::Result<Published> {
     let url = artemis_url();
     let (input, output) = (unique("kill-out"), unique("kill-out-out"));
     let n = 600;
-    let outputs = killed_while_publishing(&url, &input, &output, n).await?;
+    let published = killed_while_publishing(&url, &input, &output, n, extra, outputs_path).await?;
     let mut client = Client::connect(&url).await?;
     // Every input was accepted and its one output is all the queue held.
     artemis_count(&mut client, &input, 0).await?;
     artemis_count(&mut client, &output, 0).await?;
-    let duplicates: usize = outputs.values().map(|n| n - 1).sum();
+    let duplicates: usize = published.outputs.values().map(|n| n - 1).sum();
     println!(
-        "SIGKILL x3, Artemis (confirm path, _AMQ_DUPL_ID): inputs {n}, accepted {n}, outputs {}, duplicated {duplicates}, lost 0",
-        outputs.len()
+        "SIGKILL x3, Artemis ({outputs_path}): inputs {n}, accepted {n}, outputs {}, duplicated {duplicates}, lost 0, with _AMQ_DUPL_ID {}",
+        published.outputs.len(),
+        published.with_duplicate_ids,
     );
-    assert_eq!(duplicates, 0, "Artemis drops an output published twice");
+    assert_eq!(duplicates, 0, "{outputs_path}");
     client.close().await;
+    Ok(published)
+}
+
+#[tokio::test]
+async fn a_host_killed_mid_stream_commits_each_output_exactly_once_in_transactions_on_artemis()
+-> anyhow::Result<()> {
+    let published = killed_on_artemis(&[], "in one transaction with the ack").await?;
+    // Exactly once by the transactions alone: the broker had no id to
+    // drop a duplicate by.
+    assert_eq!(published.with_duplicate_ids, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_host_killed_mid_stream_publishes_each_output_once_when_confirmed_on_artemis()
+-> anyhow::Result<()> {
+    let confirm = ["outputs = \"confirm\""];
+    let published = killed_on_artemis(&confirm, "duplicates dropped by _AMQ_DUPL_ID").await?;
+    assert_eq!(published.with_duplicate_ids, published.outputs.len());
     Ok(())
 }
 
@@ -369,17 +444,19 @@ async fn a_host_killed_mid_stream_loses_no_output_on_rabbitmq4() -> anyhow::Resu
     declare(&input, "quorum", "").await?;
     declare(&output, "classic", "").await?;
     let n = 600;
-    let outputs = killed_while_publishing(
+    let published = killed_while_publishing(
         &rabbitmq4_url(),
         &format!("/queues/{input}"),
         &format!("/queues/{output}"),
         n,
+        &[],
+        "confirmed before the ack, at least once",
     )
     .await?;
-    let duplicates: usize = outputs.values().map(|n| n - 1).sum();
+    let duplicates: usize = published.outputs.values().map(|n| n - 1).sum();
     println!(
         "SIGKILL x3, RabbitMQ 4 (confirm path): inputs {n}, outputs {} distinct, duplicated {duplicates} (each with its first's message-id), lost 0",
-        outputs.len()
+        published.outputs.len()
     );
     delete(&input).await?;
     delete(&output).await
@@ -519,6 +596,76 @@ async fn outputs_waiting_on_the_broker_hold_the_tenants_running_slot() -> anyhow
         watch.next().await?;
     }
     watch.close().await;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_output_blocked_in_a_shared_transaction_costs_the_other_deliveries_nothing()
+-> anyhow::Result<()> {
+    let (q, out, full) = (
+        unique("txn-batch"),
+        unique("txn-batch-out"),
+        unique("txn-full"),
+    );
+    let mut client = Client::connect(&artemis_url()).await?;
+    // Full once it holds a message: the broker then gives no credit for
+    // it, and the host gives up on an output there after publish_timeout.
+    client
+        .artemis_address_settings(
+            &full,
+            r#"{"maxSizeBytes":2,"pageSizeBytes":1,"addressFullMessagePolicy":"FAIL"}"#,
+        )
+        .await?;
+    client
+        .publish(&full, TestMessage::new("filler", "x"))
+        .await?;
+    // Waiting together, the deliveries share transactions.
+    let good: Vec<String> = (0..20).map(|i| format!("{q}.{i}")).collect();
+    client
+        .publish_scripted(&q, &good, &format!("*:send={out},ack"))
+        .await?;
+    let bad = format!("{q}.bad");
+    client
+        .publish(
+            &q,
+            TestMessage::new(&bad, "x")
+                .header(0)
+                .script(&format!("1:send={full},ack *:ack")),
+        )
+        .await?;
+    let mounts = [mount(&q, &[&out, &full], &["concurrency = 32"])];
+    let text = config_text(&artemis_url(), &mounts).replacen(
+        "[broker]\n",
+        "[broker]\npublish_timeout = \"2s\"\n",
+        1,
+    );
+    let mut host = TestHost::start_config(Config::parse(&text, Path::new("test.toml"))?).await?;
+    assert!(commits_in_transactions(&mut host));
+    for id in &good {
+        let handled = host.handled(id).await?;
+        assert_eq!(
+            (
+                handled.attempt,
+                handled.disposition,
+                handled.error.as_deref()
+            ),
+            (1, Some(Disposition::Accepted), None),
+            "{id}"
+        );
+    }
+    let refused = host.handled(&bad).await?;
+    assert_eq!(refused.attempt, 1);
+    assert!(refused.error.is_some(), "{refused:?}");
+    assert_eq!(refused.disposition, Some(Disposition::Modified));
+    let again = host.handled(&bad).await?;
+    assert_eq!(
+        (again.attempt, again.disposition),
+        (2, Some(Disposition::Accepted))
+    );
+    artemis_count(&mut client, &out, good.len() as u64).await?;
+    artemis_count(&mut client, &full, 1).await?;
+    host.stop().await?;
     client.close().await;
     Ok(())
 }

@@ -251,6 +251,20 @@ impl Client {
             .with_context(|| format!("no address {address}"))
     }
 
+    /// Adds Artemis address settings for addresses matching `pattern`:
+    /// `settings` is a JSON object of setting names and values.
+    pub async fn artemis_address_settings(
+        &mut self,
+        pattern: &str,
+        settings: &str,
+    ) -> anyhow::Result<()> {
+        let arguments = serde_json::json!([pattern, settings]).to_string();
+        self.artemis_management("broker", "addAddressSettings", &arguments)
+            .await?
+            .map(drop)
+            .with_context(|| format!("no broker to set {pattern} on"))
+    }
+
     /// Makes Artemis close every connection that consumes from `address`,
     /// as a broker restart or a network failure would.
     pub async fn artemis_close_consumer_connections(

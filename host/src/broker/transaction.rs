@@ -3,9 +3,10 @@
 //! broker keeps all of it or none, whatever fails when.
 //!
 //! The deliveries waiting when a transaction starts share it: one declare
-//! and one commit carry a whole batch. A batch whose outputs the broker
-//! refuses is rolled back and tried again one delivery at a time, so one
-//! refused output costs no other delivery an attempt.
+//! and one commit carry a whole batch. A batch with an output the broker
+//! refuses (or blocks past the publish time-out) is rolled back and tried
+//! again one delivery at a time, so one refused output costs no other
+//! delivery an attempt.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,8 +162,10 @@ struct Committer {
 
 /// Why a transaction did not commit.
 enum Failed {
-    /// The broker refused an output: the transaction was rolled back and
-    /// the links are fine. Deliveries on their own may yet commit.
+    /// The broker refused an output, or gave no credit or answer for one in
+    /// time (it blocks producers to a full address): the transaction is
+    /// rolled back and the links are fine. Deliveries on their own may yet
+    /// commit.
     Refused(BrokerError),
     /// The links cannot be trusted any more; the mount must attach again.
     Links(BrokerError),
@@ -209,7 +212,12 @@ impl Committer {
         }
         match self.transact(&ready).await {
             Ok(()) => answer_all(ready, || Ok(())),
-            Err(Failed::Refused(_)) => {
+            Err(Failed::Refused(error)) => {
+                tracing::debug!(
+                    deliveries = ready.len(),
+                    %error,
+                    "transaction rolled back; committing its deliveries one at a time"
+                );
                 for work in ready {
                     self.commit_alone(work).await;
                 }
@@ -325,7 +333,7 @@ async fn post_all(
                 return Err(Failed::Refused(failed(PublishFailure::Post(e))));
             }
             Ok(Err(e)) => return Err(Failed::Links(failed(PublishFailure::Post(e)))),
-            Err(_) => return Err(Failed::Links(failed(PublishFailure::TimedOut(timeout)))),
+            Err(_) => return Err(Failed::Refused(failed(PublishFailure::TimedOut(timeout)))),
         }
     }
     let answers =
@@ -337,7 +345,7 @@ async fn post_all(
                     "{other:?}"
                 ))))),
                 Ok(Err(e)) => Err(Failed::Links(failed(PublishFailure::Post(e)))),
-                Err(_) => Err(Failed::Links(failed(PublishFailure::TimedOut(timeout)))),
+                Err(_) => Err(Failed::Refused(failed(PublishFailure::TimedOut(timeout)))),
             }
         }))
         .await;
