@@ -377,7 +377,7 @@ fn send_broker(choice: BrokerChoice) -> anyhow::Result<Broker> {
 /// How a mount's retries and delays will be carried out, as `wharf check`
 /// says it: what the config fixes, or how it is decided at attach.
 fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String {
-    use wharf::config::{DelayChoice, RetryChoice};
+    use wharf::config::{DelayChoice, OutputsChoice, RetryChoice, Settle};
     let retry = match mount.retry {
         Some(RetryChoice::Modified) => "`modified`",
         Some(RetryChoice::Copy) => "copies",
@@ -398,10 +398,19 @@ fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String
         if grants.reply {
             to.push("reply-to");
         }
-        format!(
-            "; outputs to {}: published and confirmed before the ack is accepted (at least once; duplicates dropped by id on Artemis)",
-            to.join(", ")
-        )
+        let how = match (mount.outputs, mount.settle) {
+            (_, Settle::AtMostOnce) => "published on an ack (the delivery is settled on receipt)",
+            (Some(OutputsChoice::Transaction), _) => {
+                "posted in one transaction with the ack (all or nothing; the mount needs a broker with transactions)"
+            }
+            (Some(OutputsChoice::Confirm), _) => {
+                "published and confirmed before the ack is accepted (at least once; duplicates dropped by id on Artemis)"
+            }
+            (None, _) => {
+                "in one transaction with the ack where the broker is Artemis, else confirmed before the ack is accepted (at least once; seen at attach)"
+            }
+        };
+        format!("; outputs to {}: {how}", to.join(", "))
     };
     let http = if grants.http.allowed.is_empty() {
         String::new()

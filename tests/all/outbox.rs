@@ -1,7 +1,9 @@
 //! Handlers that publish: outputs go out if and only if their input is
 //! acknowledged, the mount's grants and limits hold, replies find their
 //! requester, and a host killed mid-stream leaves every accepted input with
-//! its outputs (once each on Artemis, which drops duplicates by id).
+//! its outputs: exactly once on Artemis's transaction path, once each on its
+//! confirm path (the broker drops duplicates by id), at least once on
+//! RabbitMQ 4.
 
 use std::collections::BTreeMap;
 use std::path::Path;

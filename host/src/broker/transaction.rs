@@ -189,6 +189,7 @@ impl Committer {
             {
                 batch.push(work);
             }
+            tracing::trace!(deliveries = batch.len(), "committing");
             self.commit_batch(batch).await;
         }
         let _ = tokio::time::timeout(self.timeout, self.controller.close()).await;
