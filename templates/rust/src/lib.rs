@@ -8,6 +8,13 @@ fn handle(d: Delivery) -> Outcome {
         d.attempt,
         d.body_str().unwrap_or("<binary>")
     ));
+    // To publish a message if this delivery is acked (the mount must grant
+    // the address, see wharf.toml; a refusal is a `SendError` saying why):
+    //   let out = wharf_guest::Message::new(d.body.clone()).with_subject("processed");
+    //   if let Err(e) = wharf_guest::outbox::send("{{name}}.out", out) {
+    //       log::warn(&format!("not sent: {e:?}"));
+    //       return Outcome::Drop;
+    //   }
     Outcome::Ack
 }
 
