@@ -75,7 +75,7 @@ pub struct SenderTarget<'a> {
 }
 
 /// What the broker offered on the sender links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Offered {
     /// The first target's link schedules messages by delivery time.
     pub delayed_delivery: bool,

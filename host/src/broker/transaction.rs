@@ -15,7 +15,9 @@ use bytes::Bytes;
 use fe2o3_amqp::ReceiverDisposer;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::transaction::{Controller, PostError, Transaction, TransactionDischarge};
+use fe2o3_amqp::transaction::{
+    Controller, PostError, Transaction, TransactionBase, TransactionDischarge,
+};
 use fe2o3_amqp::types::messaging::Outcome;
 use fe2o3_amqp::types::transaction::TransactionId;
 use tokio::sync::{mpsc, oneshot};
@@ -197,6 +199,9 @@ impl Committer {
     }
 
     async fn commit_batch(&mut self, batch: Vec<Work>) {
+        if self.failure.happened.is_cancelled() {
+            return answer_all(batch, || Err(links_down()));
+        }
         // Senders first, outside any transaction: a delivery whose output
         // address the broker refuses fails alone.
         let mut ready = Vec::with_capacity(batch.len());
@@ -208,8 +213,10 @@ impl Committer {
                 }
             }
         }
-        if ready.len() == 1 {
-            return self.commit_alone(ready.remove(0)).await;
+        match ready.len() {
+            0 => return,
+            1 => return self.commit_alone(ready.remove(0)).await,
+            _ => {}
         }
         match self.transact(&ready).await {
             Ok(()) => answer_all(ready, || Ok(())),
@@ -229,7 +236,8 @@ impl Committer {
 
     async fn commit_alone(&mut self, work: Work) {
         if self.failure.happened.is_cancelled() {
-            return self.links_failed(links_down(), vec![work]);
+            let _ = work.done.send(Err(links_down()));
+            return;
         }
         match self.transact(std::slice::from_ref(&work)).await {
             Ok(()) => {
@@ -284,7 +292,7 @@ impl Committer {
         } = self;
         let timeout = *timeout;
         let txn = step(timeout, "declaring", Transaction::declare(controller, None)).await?;
-        let txn_id = fe2o3_amqp::transaction::TransactionBase::txn_id(&txn).clone();
+        let txn_id = txn.txn_id().clone();
         if let Err(failed) = post_all(outputs, batch, &txn_id, timeout).await {
             // A refusal leaves the links fine: undo the transaction's
             // work and go on. Otherwise the links go, and with them the

@@ -210,9 +210,8 @@ impl Links {
 
 /// Whether a mount's outputs are committed with their inputs in
 /// transactions: when it may have outputs, settles after the handler, and
-/// the config asks for it, or
-/// leaves it to the broker and the broker is Artemis (RabbitMQ has no
-/// transactions).
+/// the config asks for transactions or leaves it to the broker and the
+/// broker is Artemis (RabbitMQ has no transactions).
 fn commits_in_transactions(spec: &MountSpec, session: &PooledSession) -> bool {
     let grants = &spec.config.grants;
     let outputs = !grants.send.is_empty() || grants.reply;
