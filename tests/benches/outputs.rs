@@ -71,20 +71,50 @@ fn is_artemis(broker: &Broker) -> bool {
     broker.name.contains("Artemis")
 }
 
+/// A hand-written loop's links: `n` inputs on a fresh queue, read with
+/// `CREDIT`, and a sender to their output queue, all on one session.
+struct NativeLinks {
+    input: String,
+    connection: fe2o3_amqp::connection::ConnectionHandle<()>,
+    session: fe2o3_amqp::session::SessionHandle<()>,
+    receiver: Receiver,
+    sender: Sender,
+}
+
+impl NativeLinks {
+    async fn open(broker: &Broker, n: usize) -> anyhow::Result<NativeLinks> {
+        let output = (broker.queue)(&unique("bench-native-out"));
+        let input = inputs(broker, &output, n).await?;
+        let mut connection = native_connection(&broker.url).await?;
+        let mut session = Session::begin(&mut connection).await?;
+        let receiver = Receiver::builder()
+            .name(unique("native-in"))
+            .source(input.as_str())
+            .credit_mode(CreditMode::Auto(CREDIT))
+            .attach(&mut session)
+            .await?;
+        let sender = Sender::attach(&mut session, unique("native-out"), output.as_str()).await?;
+        Ok(NativeLinks {
+            input,
+            connection,
+            session,
+            receiver,
+            sender,
+        })
+    }
+
+    async fn close(mut self) {
+        let _ = self.sender.close().await;
+        let _ = self.receiver.close().await;
+        let _ = self.session.end().await;
+        let _ = self.connection.close().await;
+    }
+}
+
 /// The hand-written confirm loop: batches of `CREDIT` inputs, their
 /// outputs published and confirmed, then the inputs accepted.
 async fn native_confirm(broker: &Broker, n: usize) -> anyhow::Result<f64> {
-    let output = (broker.queue)(&unique("bench-native-out"));
-    let input = inputs(broker, &output, n).await?;
-    let mut connection = native_connection(&broker.url).await?;
-    let mut session = Session::begin(&mut connection).await?;
-    let mut receiver = Receiver::builder()
-        .name(unique("native-in"))
-        .source(input.as_str())
-        .credit_mode(CreditMode::Auto(CREDIT))
-        .attach(&mut session)
-        .await?;
-    let mut sender = Sender::attach(&mut session, unique("native-out"), output.as_str()).await?;
+    let mut links = NativeLinks::open(broker, n).await?;
     let started = Instant::now();
     let mut done = 0;
     while done < n {
@@ -92,9 +122,9 @@ async fn native_confirm(broker: &Broker, n: usize) -> anyhow::Result<f64> {
         let mut deliveries = Vec::with_capacity(batch);
         let mut confirms = Vec::with_capacity(batch);
         for i in 0..batch {
-            let delivery = receiver.recv::<Body<Value>>().await?;
-            let payload = output_of(&input, done + i, is_artemis(broker)).encode()?;
-            confirms.push(sender.send_payload_batchable(payload).await?);
+            let delivery = links.receiver.recv::<Body<Value>>().await?;
+            let payload = output_of(&links.input, done + i, is_artemis(broker)).encode()?;
+            confirms.push(links.sender.send_payload_batchable(payload).await?);
             deliveries.push(delivery);
         }
         for confirm in confirms {
@@ -104,15 +134,12 @@ async fn native_confirm(broker: &Broker, n: usize) -> anyhow::Result<f64> {
             );
         }
         for delivery in &deliveries {
-            receiver.accept(delivery).await?;
+            links.receiver.accept(delivery).await?;
         }
         done += batch;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
-    let _ = sender.close().await;
-    let _ = receiver.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    links.close().await;
     Ok(rate)
 }
 
@@ -120,32 +147,23 @@ async fn native_confirm(broker: &Broker, n: usize) -> anyhow::Result<f64> {
 /// outputs posted in a transaction and taken, the inputs accepted in it,
 /// committed.
 async fn native_transaction(broker: &Broker, n: usize) -> anyhow::Result<f64> {
-    let output = (broker.queue)(&unique("bench-native-out"));
-    let input = inputs(broker, &output, n).await?;
-    let mut connection = native_connection(&broker.url).await?;
-    let mut session = Session::begin(&mut connection).await?;
-    let mut receiver = Receiver::builder()
-        .name(unique("native-in"))
-        .source(input.as_str())
-        .credit_mode(CreditMode::Auto(CREDIT))
-        .attach(&mut session)
-        .await?;
-    let mut sender = Sender::attach(&mut session, unique("native-out"), output.as_str()).await?;
-    let controller = Controller::attach(&mut session, unique("native-txn")).await?;
+    let mut links = NativeLinks::open(broker, n).await?;
+    let controller = Controller::attach(&mut links.session, unique("native-txn")).await?;
     let started = Instant::now();
     let mut done = 0;
     while done < n {
         let batch = (n - done).min(CREDIT as usize);
         let mut deliveries = Vec::with_capacity(batch);
         for _ in 0..batch {
-            deliveries.push(receiver.recv::<Body<Value>>().await?);
+            deliveries.push(links.receiver.recv::<Body<Value>>().await?);
         }
         let txn = Transaction::declare(&controller, None).await?;
         let mut posted = Vec::with_capacity(batch);
         for i in 0..batch {
-            let payload = output_of(&input, done + i, false).encode()?;
+            let payload = output_of(&links.input, done + i, false).encode()?;
             posted.push(
-                sender
+                links
+                    .sender
                     .post_payload_batchable(payload, txn.txn_id().clone())
                     .await?,
             );
@@ -157,17 +175,14 @@ async fn native_transaction(broker: &Broker, n: usize) -> anyhow::Result<f64> {
             );
         }
         for delivery in &deliveries {
-            txn.accept(&mut receiver, delivery).await?;
+            txn.accept(&mut links.receiver, delivery).await?;
         }
         txn.commit().await?;
         done += batch;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     let _ = controller.close().await;
-    let _ = sender.close().await;
-    let _ = receiver.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    links.close().await;
     Ok(rate)
 }
 

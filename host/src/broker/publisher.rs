@@ -343,6 +343,21 @@ impl OutputLinks {
 /// How long detaching an output sender evicted for a newer one may take.
 const CLOSE_OUTPUT_SENDER: Duration = Duration::from_secs(5);
 
+/// The next request of `inbox`; once `close` is cancelled, only those
+/// already queued, then `None`.
+pub(super) async fn next_until_closed<T>(
+    inbox: &mut mpsc::Receiver<T>,
+    close: &CancellationToken,
+) -> Option<T> {
+    tokio::select! {
+        request = inbox.recv() => request,
+        () = close.cancelled() => {
+            inbox.close();
+            inbox.recv().await
+        }
+    }
+}
+
 struct Links {
     senders: HashMap<String, Sender>,
     outputs: OutputLinks,
@@ -355,20 +370,12 @@ impl Links {
     async fn serve(mut self, mut inbox: mpsc::Receiver<Request>, close: CancellationToken) {
         let mut waiting = tokio::task::JoinSet::new();
         loop {
-            let request = tokio::select! {
-                request = inbox.recv() => request,
-                () = close.cancelled() => {
-                    // Take what was already queued, then stop.
-                    inbox.close();
-                    inbox.recv().await
-                }
-            };
             let Some(Request {
                 address,
                 payload,
                 output,
                 done,
-            }) = request
+            }) = next_until_closed(&mut inbox, &close).await
             else {
                 break;
             };

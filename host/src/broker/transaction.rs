@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::BrokerPool;
 use super::error::{AttachFailure, BrokerError, PublishFailure};
-use super::publisher::{Failure, OutputLinks, OutputsOn};
+use super::publisher::{Failure, OutputLinks, OutputsOn, next_until_closed};
 
 /// The most deliveries committed in one transaction.
 const MAX_BATCH: usize = 256;
@@ -176,15 +176,10 @@ enum Failed {
 impl Committer {
     async fn serve(mut self, mut inbox: mpsc::Receiver<Work>, close: CancellationToken) {
         loop {
-            let first = tokio::select! {
-                work = inbox.recv() => work,
-                () = close.cancelled() => {
-                    // Commit what was already queued, then stop.
-                    inbox.close();
-                    inbox.recv().await
-                }
+            // Once closed, what was already queued is still committed.
+            let Some(first) = next_until_closed(&mut inbox, &close).await else {
+                break;
             };
-            let Some(first) = first else { break };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH
                 && let Ok(work) = inbox.try_recv()
