@@ -140,6 +140,10 @@ pub struct Handled {
     pub failure: Option<String>,
     /// What the settlement rules decided.
     pub plan: Plan,
+    /// The plan carried out instead: the handler acknowledged, but its
+    /// outputs were not delivered, so the attempt failed (the reason is in
+    /// `error`).
+    pub instead: Option<Plan>,
     /// The disposition actually sent, if any.
     pub disposition: Option<Disposition>,
     /// A publish or settlement that went wrong.

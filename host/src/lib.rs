@@ -1,8 +1,8 @@
 //! wharf: runs WebAssembly component handlers on AMQP 1.0 deliveries.
 //!
 //! The pieces, each knowing as little of the others as it can:
-//! - [`config`]: the `wharf.toml` file;
-//! - [`settlement`]: the contract, a pure function from outcome to plan;
+//! - [`config`], [`settlement`], [`grants`], [`backoff`]: from
+//!   [`wharf_core`], which decides without sockets or wasm;
 //! - [`sandbox`]: the wasm engine, modules and limits;
 //! - [`broker`]: AMQP connections, links and publishing;
 //! - [`tenants`]: mounts at work, joining the three above;
@@ -13,12 +13,11 @@
 
 pub mod admin;
 pub mod authoring;
-pub mod backoff;
 pub mod broker;
-pub mod config;
 pub mod events;
 pub mod sandbox;
 pub mod settlement;
 pub mod tenants;
 
 pub use tenants::{Host, HostError, RunningHost};
+pub use wharf_core::{backoff, config, grants};

@@ -13,6 +13,7 @@ use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
 use wharf::config::{Broker, Config, SaslMechanism};
+use wharf::grants::ReplyGrant;
 use wharf::sandbox::{AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits};
 
 #[derive(Parser)]
@@ -269,7 +270,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     env: env.into_iter().collect(),
                     output: Output::Log,
                     send: send.into_iter().map(AddressPattern::new).collect(),
-                    reply: reply_to.is_some(),
+                    reply: if reply_to.is_some() {
+                        ReplyGrant::Any
+                    } else {
+                        ReplyGrant::Denied
+                    },
                     outputs: OutputLimits::default(),
                     http: HttpGrants {
                         allowed: http,
@@ -391,12 +396,19 @@ fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String
         None => "scheduled where the broker offers DELAYED_DELIVERY, else held (seen at attach)",
     };
     let grants = &mount.grants;
-    let outputs = if grants.send.is_empty() && !grants.reply {
+    let outputs = if grants.send.is_empty() && !grants.reply.granted() {
         String::new()
     } else {
         let mut to: Vec<&str> = grants.send.iter().map(|p| p.as_str()).collect();
-        if grants.reply {
-            to.push("reply-to");
+        let replies;
+        match &grants.reply {
+            ReplyGrant::Denied => {}
+            ReplyGrant::Any => to.push("reply-to"),
+            ReplyGrant::To(patterns) => {
+                let names: Vec<&str> = patterns.iter().map(|p| p.as_str()).collect();
+                replies = format!("reply-to within {}", names.join(", "));
+                to.push(&replies);
+            }
         }
         let how = match (mount.outputs, mount.settle) {
             (_, Settle::AtMostOnce) => "published on an ack (the delivery is settled on receipt)",

@@ -411,6 +411,13 @@ pub fn message_id(message: &AmqpMessage) -> Option<String> {
     message.message_id()
 }
 
+/// The message-id of the input whose output `index` has the message-id
+/// `output_id` (`<input id>#<digest>/out/<index>`), if it is one.
+pub fn input_of_output(output_id: &str, index: usize) -> Option<&str> {
+    let derived = output_id.strip_suffix(&format!("/out/{index}"))?;
+    derived.rsplit_once('#').map(|(input, _)| input)
+}
+
 /// The `x-ruststream-retry-count` of a message.
 pub fn retry_count(message: &AmqpMessage) -> Option<u32> {
     message.counters().retry_count

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use wharf::authoring::InvokeInput;
 use wharf::sandbox::{
-    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, PoolSize,
-    Sandbox,
+    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, Owners,
+    PoolSize, Sandbox,
 };
 
 /// Memory each instance may use, and each pool slot holds.
@@ -45,6 +45,7 @@ pub fn instances(
             tenant: "sandbox".into(),
             mount: mount.into(),
         }),
+        Owners::default(),
         None,
         CpuLane::new(),
         sandbox.slots().clone(),

@@ -60,6 +60,7 @@ pub struct Metrics {
     link_failures: Family<MountLabels, Counter>,
     abandoned: Family<MountLabels, Counter>,
     refused: Family<MountLabels, Counter>,
+    outputs_undeliverable: Family<MountLabels, Counter>,
     broker_connections: Family<BrokerLabels, Gauge>,
     broker_connections_lost: Family<BrokerLabels, Counter>,
     /// Every delivery handled, over all mounts: one number to watch.
@@ -149,6 +150,11 @@ impl Metrics {
             "deliveries_refused",
             "Deliveries rejected without running the handler (undecodable or over max_message_size)",
         );
+        let outputs_undeliverable = registered(
+            &mut registry,
+            "outputs_undeliverable",
+            "Acknowledged deliveries whose outputs the broker would not take, counted as failed attempts",
+        );
         let broker_connections = registered(
             &mut registry,
             "broker_connections",
@@ -175,6 +181,7 @@ impl Metrics {
             link_failures,
             abandoned,
             refused,
+            outputs_undeliverable,
             broker_connections,
             broker_connections_lost,
             handled_total: AtomicU64::new(0),
@@ -334,6 +341,14 @@ impl MountMetrics {
     /// A delivery rejected without running the handler.
     pub fn refused(&self) {
         self.metrics.refused.get_or_create(&self.labels).inc();
+    }
+
+    /// An acknowledged delivery whose outputs were not delivered.
+    pub fn outputs_undeliverable(&self) {
+        self.metrics
+            .outputs_undeliverable
+            .get_or_create(&self.labels)
+            .inc();
     }
 
     /// A delivery published to the dead-letter address.

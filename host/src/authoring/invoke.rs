@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config::Mount;
 use crate::sandbox::{
     CallLimits, CpuLane, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome,
-    Outgoing, PoolSize, Property, Sandbox, Value,
+    Outgoing, Owners, PoolSize, Property, Sandbox, Value,
 };
 
 /// What the made-up delivery carries.
@@ -80,6 +80,7 @@ pub async fn invoke(
         InstancePolicy::PerDelivery,
         input.grants,
         tags,
+        Owners::default(),
         None,
         CpuLane::new(),
         sandbox.slots().clone(),

@@ -7,6 +7,8 @@ use fe2o3_amqp::link::{
     DispositionError, ReceiverAttachError, RecvError, SendError, SenderAttachError,
 };
 use fe2o3_amqp::session::BeginError;
+use fe2o3_amqp::types::messaging::Outcome;
+use wharf_core::settlement::Published;
 
 /// Something the broker refused, or a connection or link that failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,22 +134,56 @@ pub enum AttachFailure {
     TimedOut(Duration),
 }
 
-/// Why a publish was not accepted.
-#[derive(Debug, thiserror::Error)]
+/// Why a publish was not accepted, told apart by what the broker may hold
+/// of it: that decides what becomes of the delivery it was owed for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PublishFailure {
-    /// The link could not send it.
-    #[error(transparent)]
-    Send(SendError),
-    /// Posting in a transaction failed.
-    #[error(transparent)]
-    Post(fe2o3_amqp::transaction::PostError),
-    /// The broker settled it with something other than `accepted`.
-    #[error("the broker answered {0}")]
+    /// The broker said no (its outcome, a refused link, a message too
+    /// large for the link).
+    #[error("the broker {0}")]
     Refused(String),
-    /// No credit or no answer in time (a broker that blocks producers).
-    #[error("no credit or no answer from the broker within {0:?}")]
-    TimedOut(Duration),
-    /// The mount's links went down before it was answered.
-    #[error("the mount's links went down before the broker answered")]
-    LinkDown,
+    /// It never went out: the broker holds nothing of it.
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// It went out and no answer came: the broker may hold it.
+    #[error("sent, but {0}")]
+    Unknown(String),
+}
+
+impl PublishFailure {
+    /// The broker's outcome, when it was not `accepted`.
+    pub fn outcome(outcome: &Outcome) -> PublishFailure {
+        PublishFailure::Refused(wharf_core::words::outcome(outcome))
+    }
+
+    /// No credit (a broker blocking producers) before `deadline` passed.
+    pub fn no_credit(timeout: Duration) -> PublishFailure {
+        PublishFailure::NotSent(format!(
+            "the broker gave no credit within {} (`publish_timeout`)",
+            humantime::format_duration(timeout)
+        ))
+    }
+
+    /// Sent, and no outcome before the deadline.
+    pub fn no_answer(timeout: Duration) -> PublishFailure {
+        PublishFailure::Unknown(format!(
+            "no answer came within {} (`publish_timeout`)",
+            humantime::format_duration(timeout)
+        ))
+    }
+
+    /// The links went down before the message went out.
+    pub fn links_down() -> PublishFailure {
+        PublishFailure::NotSent("the mount's links went down".to_owned())
+    }
+
+    /// What the host can know of the publish.
+    pub fn published(&self) -> Published {
+        let reason = self.to_string();
+        match self {
+            PublishFailure::Refused(_) => Published::Refused { reason },
+            PublishFailure::NotSent(_) => Published::NotSent { reason },
+            PublishFailure::Unknown(_) => Published::Unknown { reason },
+        }
+    }
 }

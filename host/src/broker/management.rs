@@ -16,7 +16,7 @@ use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Receiver, Sender};
 
 use super::PooledSession;
-use super::endpoint::percent_decode;
+use wharf_core::endpoint::percent_decode;
 
 /// The node's address.
 const NODE: &str = "/management";

@@ -2,10 +2,10 @@
 //! wasm or of the settlement rules; it carries out what it is told.
 
 mod connection;
-mod endpoint;
 mod error;
 pub mod management;
-pub mod message;
+mod output_message;
+mod outputs;
 mod pool;
 mod publisher;
 mod send;
@@ -17,13 +17,16 @@ mod transaction;
 use std::time::Duration;
 
 pub use connection::{BrokerConnection, BrokerOffers, ConnectOptions};
-pub use endpoint::{Endpoint, redact};
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
+pub use output_message::output_message;
+pub use outputs::{OutputsOn, SenderTarget};
 pub use pool::{BrokerPool, PoolStatus, PooledSession};
-pub use publisher::{Offered, OutputsOn, Publisher, PublisherTask, SenderTarget};
+pub use publisher::{Offered, Publisher, PublisherTask};
 pub use send::{Reply, SendOptions, request, send};
 pub use subscription::{Inbound, Received, ReceiverOptions, Subscription};
 pub use transaction::{Output, Transactions, TransactionsOn};
+pub use wharf_core::endpoint::{Endpoint, redact};
+pub use wharf_core::message;
 
 /// How long to wait for the broker to answer a detach, end or close.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,24 +1,31 @@
 //! Publishing copies, dead letters and handlers' outputs, and waiting for
-//! the broker to take them: never longer than the publish time-out, so a
-//! broker that blocks producers cannot stall a delivery or a shutdown.
+//! the broker to take them: never past the publish time-out counted from
+//! when the publish was asked for, so a broker that blocks producers cannot
+//! stall a delivery or a shutdown.
+//!
+//! Each address has a task of its own with its sender link: an address the
+//! broker blocks holds up only what goes to it, and what waited there past
+//! its deadline is answered at once rather than one time-out after another.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use fe2o3_amqp::Sender;
 use fe2o3_amqp::link::ErrorRecovery;
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::types::messaging::{Outcome, Target};
-use fe2o3_amqp::types::primitives::Symbol;
+use fe2o3_amqp::types::messaging::Outcome;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::error::{AttachFailure, BrokerError, PublishFailure};
+use super::error::{BrokerError, PublishFailure};
+use super::outputs::{
+    Failure, OutputSession, OutputsOn, SenderCache, SenderTarget, attach_sender, next_until_closed,
+};
 use super::transaction::{Transactions, TransactionsOn};
-use super::{BrokerPool, PooledSession};
 
 /// The capability a broker offers on a sender link when it schedules
 /// messages by their `x-opt-delivery-time` (Artemis does).
@@ -29,7 +36,9 @@ struct Request {
     payload: Bytes,
     /// A handler's output, to any address, on the outputs' own session.
     output: bool,
-    done: oneshot::Sender<Result<(), BrokerError>>,
+    /// Asked for this long ago at most: the answer is due by then.
+    deadline: Instant,
+    done: oneshot::Sender<Result<(), PublishFailure>>,
 }
 
 /// A handle to publish messages: copies and dead letters to the addresses
@@ -38,6 +47,7 @@ struct Request {
 pub struct Publisher {
     requests: mpsc::Sender<Request>,
     transactions: Option<Transactions>,
+    publish_timeout: Duration,
 }
 
 /// The tasks that own the sender links.
@@ -46,32 +56,6 @@ pub struct PublisherTask {
     transactions: Option<tokio::task::JoinHandle<()>>,
     close: CancellationToken,
     failure: Arc<Failure>,
-}
-
-/// The first sender link failure, kept for the mount to report.
-#[derive(Default)]
-pub(super) struct Failure {
-    pub(super) happened: CancellationToken,
-    error: Mutex<Option<BrokerError>>,
-}
-
-impl Failure {
-    pub(super) fn record(&self, error: BrokerError) {
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(error);
-        }
-        self.happened.cancel();
-    }
-}
-
-/// One sender link to attach: its address and the node kind to ask for.
-#[derive(Debug, Clone, Copy)]
-pub struct SenderTarget<'a> {
-    /// The address.
-    pub address: &'a str,
-    /// The terminus capability naming the kind of node, if any.
-    pub capability: Option<&'static str>,
 }
 
 /// What the broker offered on the sender links.
@@ -86,13 +70,7 @@ impl PublisherTask {
     /// and be attached again. Cancel-safe.
     pub async fn failed(&mut self) -> BrokerError {
         self.failure.happened.cancelled().await;
-        let taken = self
-            .failure
-            .error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        match taken {
+        match self.failure.take() {
             Some(error) => error,
             // Reported once already; the mount is going down.
             None => std::future::pending().await,
@@ -129,7 +107,7 @@ impl Publisher {
         publish_timeout: Duration,
         close_timeout: Duration,
     ) -> Result<(Publisher, PublisherTask, Offered), BrokerError> {
-        let mut senders = HashMap::new();
+        let mut senders: HashMap<String, Sender> = HashMap::new();
         let mut delayed_delivery = false;
         for (index, target) in targets.iter().enumerate() {
             if senders.contains_key(target.address) {
@@ -162,14 +140,27 @@ impl Publisher {
             None => (None, None),
         };
         let (requests, inbox) = mpsc::channel(256);
-        let links = Links {
-            senders,
-            outputs: OutputLinks::new(outputs, format!("{link_prefix}/out"), None),
+        let mut workers = Workers {
+            tasks: JoinSet::new(),
             publish_timeout,
             close_timeout,
             failure: failure.clone(),
         };
-        let task = tokio::spawn(links.serve(inbox, close.clone()));
+        let fixed = senders
+            .into_iter()
+            .map(|(address, sender)| {
+                let worker = workers.start(address.clone(), sender, None);
+                (address, worker)
+            })
+            .collect();
+        let dispatcher = Dispatcher {
+            fixed,
+            outputs: OutputSession::new(outputs, format!("{link_prefix}/out"), None),
+            output_workers: SenderCache::new(),
+            session_lost: CancellationToken::new(),
+            workers,
+        };
+        let task = tokio::spawn(dispatcher.serve(inbox, close.clone()));
         let task = PublisherTask {
             task,
             transactions: transactions_task,
@@ -179,6 +170,7 @@ impl Publisher {
         let publisher = Publisher {
             requests,
             transactions,
+            publish_timeout,
         };
         Ok((publisher, task, Offered { delayed_delivery }))
     }
@@ -206,234 +198,196 @@ impl Publisher {
         payload: Bytes,
         output: bool,
     ) -> Result<(), BrokerError> {
+        let failed = |source| BrokerError::Publish {
+            address: address.to_owned(),
+            source,
+        };
         let (done, answer) = oneshot::channel();
         let request = Request {
             address: address.to_owned(),
             payload,
             output,
+            deadline: Instant::now() + self.publish_timeout,
             done,
         };
-        let gone = || BrokerError::Publish {
-            address: address.to_owned(),
-            source: PublishFailure::LinkDown,
-        };
-        self.requests.send(request).await.map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        self.requests
+            .send(request)
+            .await
+            .map_err(|_| failed(PublishFailure::links_down()))?;
+        answer
+            .await
+            .map_err(|_| failed(PublishFailure::links_down()))?
+            .map_err(failed)
     }
 }
 
-/// Where a mount's outputs are published.
-pub struct OutputsOn {
-    /// The broker, for a session of their own.
-    pub pool: BrokerPool,
-    /// The terminus capability of their senders, if any.
-    pub capability: Option<&'static str>,
+/// Hands each request to the task of its address, attaching output senders
+/// as addresses are first used.
+struct Dispatcher {
+    fixed: HashMap<String, mpsc::UnboundedSender<Request>>,
+    outputs: OutputSession,
+    output_workers: SenderCache<mpsc::UnboundedSender<Request>>,
+    /// Cancelled when an output link failed in a way that may have ended
+    /// the outputs' session.
+    session_lost: CancellationToken,
+    workers: Workers,
 }
 
-/// Senders attached on demand for outputs; past this many the least
-/// recently attached is detached, so a handler publishing to ever new
-/// addresses cannot pile up links.
-const MAX_OUTPUT_SENDERS: usize = 64;
-
-async fn attach_sender(
-    session: &mut SessionHandle<()>,
-    link_prefix: &str,
-    target: SenderTarget<'_>,
-) -> Result<Sender, BrokerError> {
-    let mut terminus = Target::builder().address(target.address);
-    if let Some(capability) = target.capability {
-        terminus = terminus.capabilities(vec![Symbol::from(capability)]);
-    }
-    Sender::builder()
-        .name(format!("{link_prefix}/send/{}", target.address))
-        .target(terminus.build())
-        .attach(session)
-        .await
-        .map_err(|e| BrokerError::Attach {
-            address: target.address.to_owned(),
-            role: "sender",
-            source: AttachFailure::Sender(e),
-        })
-}
-
-/// The session and senders of a mount's outputs.
-pub(super) struct OutputLinks {
-    on: OutputsOn,
-    link_prefix: String,
-    session: Option<PooledSession>,
-    senders: HashMap<String, Sender>,
-    /// Addresses of `senders`, oldest first.
-    attached: Vec<String>,
-}
-
-impl OutputLinks {
-    /// Output senders on `session`, or on one begun when first needed.
-    pub(super) fn new(
-        on: OutputsOn,
-        link_prefix: String,
-        session: Option<PooledSession>,
-    ) -> OutputLinks {
-        OutputLinks {
-            on,
-            link_prefix,
-            session,
-            senders: HashMap::new(),
-            attached: Vec::new(),
-        }
-    }
-
-    /// The sender for `address`, attached (on a session begun) now if
-    /// there is none yet.
-    pub(super) async fn sender(&mut self, address: &str) -> Result<&mut Sender, PublishFailure> {
-        if !self.senders.contains_key(address) {
-            if self.attached.len() >= MAX_OUTPUT_SENDERS {
-                let oldest = self.attached.remove(0);
-                if let Some(sender) = self.senders.remove(&oldest) {
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(CLOSE_OUTPUT_SENDER, sender.close()).await;
-                    });
-                }
+impl Dispatcher {
+    async fn serve(mut self, mut inbox: mpsc::Receiver<Request>, close: CancellationToken) {
+        while let Some(request) = next_until_closed(&mut inbox, &close).await {
+            if self.workers.failure.happened.is_cancelled() {
+                let _ = request.done.send(Err(PublishFailure::links_down()));
+                continue;
             }
-            let session = match &mut self.session {
-                Some(session) => session,
-                None => {
-                    let session = self.on.pool.session().await.map_err(|e| {
-                        PublishFailure::Refused(format!("cannot begin a session: {e}"))
-                    })?;
-                    self.session.insert(session)
-                }
-            };
-            let target = SenderTarget {
-                address,
-                capability: self.on.capability,
-            };
-            let sender = attach_sender(&mut session.session, &self.link_prefix, target)
-                .await
-                .map_err(|e| match e {
-                    // The publish error names the address already.
-                    BrokerError::Attach { source, .. } => {
-                        PublishFailure::Refused(format!("cannot attach a sender link: {source}"))
+            let worker = if request.output {
+                match self.output_worker(&request.address, request.deadline).await {
+                    Ok(worker) => worker,
+                    Err(e) => {
+                        let _ = request.done.send(Err(e));
+                        continue;
                     }
-                    other => PublishFailure::Refused(other.to_string()),
-                })?;
-            self.attached.push(address.to_owned());
-            self.senders.insert(address.to_owned(), sender);
+                }
+            } else if let Some(worker) = self.fixed.get(&request.address) {
+                worker.clone()
+            } else {
+                let _ = request.done.send(Err(PublishFailure::NotSent(
+                    "no sender link is attached to this address".to_owned(),
+                )));
+                continue;
+            };
+            if let Err(mpsc::error::SendError(request)) = worker.send(request) {
+                // The worker's link failed since: answer, and attach anew
+                // for the next one.
+                self.output_workers.remove(&request.address);
+                let _ = request.done.send(Err(PublishFailure::links_down()));
+            }
         }
+        // Every worker answers what it holds, then detaches its link.
+        self.fixed.clear();
+        self.output_workers.drain().for_each(drop);
+        self.workers.finish().await;
+    }
+
+    /// The task publishing outputs to `address`, its sender attached now if
+    /// there is none, within the request's deadline.
+    async fn output_worker(
+        &mut self,
+        address: &str,
+        deadline: Instant,
+    ) -> Result<mpsc::UnboundedSender<Request>, PublishFailure> {
+        if self.session_lost.is_cancelled() {
+            self.output_workers.drain().for_each(drop);
+            self.outputs.reset();
+            self.session_lost = CancellationToken::new();
+        }
+        if let Some(worker) = self.output_workers.get(address)
+            && !worker.is_closed()
+        {
+            return Ok(worker.clone());
+        }
+        self.output_workers.remove(address);
+        // An evicted worker finishes what it holds, then detaches.
+        drop(self.output_workers.evict_for_one(|_| false));
+        let sender = match tokio::time::timeout_at(deadline, self.outputs.attach(address)).await {
+            Ok(Ok(sender)) => sender,
+            Ok(Err(e)) => {
+                self.outputs.reset();
+                return Err(e);
+            }
+            Err(_) => {
+                self.outputs.reset();
+                return Err(PublishFailure::NotSent(format!(
+                    "no sender link was attached within {} (`publish_timeout`)",
+                    humantime::format_duration(self.workers.publish_timeout)
+                )));
+            }
+        };
+        let worker =
+            self.workers
+                .start(address.to_owned(), sender, Some(self.session_lost.clone()));
         Ok(self
-            .senders
-            .get_mut(address)
-            .expect("attached above when missing"))
-    }
-
-    /// Forgets the session and every sender on it, after a failure that
-    /// may have ended it: the next output begins afresh.
-    fn reset(&mut self) {
-        self.senders.clear();
-        self.attached.clear();
-        self.session = None;
-    }
-
-    pub(super) async fn close(self, timeout: Duration) {
-        for (_, sender) in self.senders {
-            let _ = tokio::time::timeout(timeout, sender.close()).await;
-        }
+            .output_workers
+            .insert(address.to_owned(), worker)
+            .clone())
     }
 }
 
-/// How long detaching an output sender evicted for a newer one may take.
-const CLOSE_OUTPUT_SENDER: Duration = Duration::from_secs(5);
-
-/// The next request of `inbox`; once `close` is cancelled, only those
-/// already queued, then `None`.
-pub(super) async fn next_until_closed<T>(
-    inbox: &mut mpsc::Receiver<T>,
-    close: &CancellationToken,
-) -> Option<T> {
-    tokio::select! {
-        request = inbox.recv() => request,
-        () = close.cancelled() => {
-            inbox.close();
-            inbox.recv().await
-        }
-    }
-}
-
-struct Links {
-    senders: HashMap<String, Sender>,
-    outputs: OutputLinks,
+/// The tasks publishing to one address each.
+struct Workers {
+    tasks: JoinSet<()>,
     publish_timeout: Duration,
     close_timeout: Duration,
     failure: Arc<Failure>,
 }
 
-impl Links {
-    async fn serve(mut self, mut inbox: mpsc::Receiver<Request>, close: CancellationToken) {
-        let mut waiting = tokio::task::JoinSet::new();
-        loop {
-            let Some(Request {
-                address,
+impl Workers {
+    /// Starts the task publishing to `address` with `sender`. An output
+    /// link that fails cancels `session_lost`; any other takes the mount's
+    /// links down.
+    fn start(
+        &mut self,
+        address: String,
+        sender: Sender,
+        session_lost: Option<CancellationToken>,
+    ) -> mpsc::UnboundedSender<Request> {
+        let (requests, inbox) = mpsc::unbounded_channel();
+        let worker = Worker {
+            address,
+            sender,
+            publish_timeout: self.publish_timeout,
+            close_timeout: self.close_timeout,
+            failure: self.failure.clone(),
+            session_lost,
+        };
+        self.tasks.spawn(worker.serve(inbox));
+        requests
+    }
+
+    async fn finish(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+struct Worker {
+    address: String,
+    sender: Sender,
+    publish_timeout: Duration,
+    close_timeout: Duration,
+    failure: Arc<Failure>,
+    session_lost: Option<CancellationToken>,
+}
+
+impl Worker {
+    async fn serve(mut self, mut inbox: mpsc::UnboundedReceiver<Request>) {
+        let mut waiting = JoinSet::new();
+        while let Some(request) = inbox.recv().await {
+            let Request {
                 payload,
-                output,
+                deadline,
                 done,
-            }) = next_until_closed(&mut inbox, &close).await
-            else {
-                break;
-            };
-            let fail = |source| BrokerError::Publish {
-                address: address.clone(),
-                source,
-            };
-            if self.failure.happened.is_cancelled() {
-                let _ = done.send(Err(fail(PublishFailure::LinkDown)));
-                continue;
-            }
-            // Credit, attaching an output's sender and the broker's answer
-            // share one deadline.
-            let deadline = Instant::now() + self.publish_timeout;
-            let sender = if output {
-                match tokio::time::timeout_at(deadline, self.outputs.sender(&address)).await {
-                    Ok(Ok(sender)) => sender,
-                    Ok(Err(e)) => {
-                        self.outputs.reset();
-                        let _ = done.send(Err(fail(e)));
-                        continue;
-                    }
-                    Err(_) => {
-                        self.outputs.reset();
-                        let _ =
-                            done.send(Err(fail(PublishFailure::TimedOut(self.publish_timeout))));
-                        continue;
-                    }
-                }
-            } else if let Some(sender) = self.senders.get_mut(&address) {
-                sender
-            } else {
-                let _ = done.send(Err(fail(PublishFailure::Refused(
-                    "no sender link is attached to this address".to_owned(),
-                ))));
-                continue;
-            };
+                ..
+            } = request;
             let sent =
-                tokio::time::timeout_at(deadline, sender.send_payload_batchable(payload)).await;
+                tokio::time::timeout_at(deadline, self.sender.send_payload_batchable(payload))
+                    .await;
             let outcome = match sent {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(e)) if e.recovery() != ErrorRecovery::UseLink => {
-                    let _ = done.send(Err(fail(PublishFailure::LinkDown)));
-                    // An output's session is the outputs' own: begin again.
-                    if output {
-                        self.outputs.reset();
-                    } else {
-                        self.failure
-                            .record(BrokerError::Sender { address, source: e });
-                    }
-                    continue;
+                    let _ = done.send(Err(PublishFailure::NotSent(format!(
+                        "the sender link failed: {e}"
+                    ))));
+                    self.link_failed(e);
+                    break;
                 }
                 Ok(Err(e)) => {
-                    let _ = done.send(Err(fail(PublishFailure::Send(e))));
+                    let _ = done.send(Err(PublishFailure::Refused(format!(
+                        "did not take it: {e}"
+                    ))));
                     continue;
                 }
                 Err(_) => {
-                    let _ = done.send(Err(fail(PublishFailure::TimedOut(self.publish_timeout))));
+                    let _ = done.send(Err(PublishFailure::no_credit(self.publish_timeout)));
                     continue;
                 }
             };
@@ -443,19 +397,33 @@ impl Links {
             waiting.spawn(async move {
                 let result = match tokio::time::timeout_at(deadline, outcome).await {
                     Ok(Ok(Outcome::Accepted(_))) => Ok(()),
-                    Ok(Ok(other)) => Err(PublishFailure::Refused(format!("{other:?}"))),
-                    Ok(Err(e)) => Err(PublishFailure::Send(e)),
-                    Err(_) => Err(PublishFailure::TimedOut(timeout)),
+                    Ok(Ok(other)) => Err(PublishFailure::outcome(&other)),
+                    Ok(Err(e)) => Err(PublishFailure::Unknown(format!(
+                        "the link failed before the broker answered: {e}"
+                    ))),
+                    Err(_) => Err(PublishFailure::no_answer(timeout)),
                 };
-                let _ =
-                    done.send(result.map_err(|source| BrokerError::Publish { address, source }));
+                let _ = done.send(result);
             });
             while waiting.try_join_next().is_some() {}
         }
-        while waiting.join_next().await.is_some() {}
-        for (_, sender) in self.senders {
-            let _ = tokio::time::timeout(self.close_timeout, sender.close()).await;
+        // After a link failure, what is still queued was never sent.
+        inbox.close();
+        while let Some(request) = inbox.recv().await {
+            let _ = request.done.send(Err(PublishFailure::links_down()));
         }
-        self.outputs.close(self.close_timeout).await;
+        while waiting.join_next().await.is_some() {}
+        let _ = tokio::time::timeout(self.close_timeout, self.sender.close()).await;
+    }
+
+    fn link_failed(&self, source: fe2o3_amqp::link::SendError) {
+        match &self.session_lost {
+            // An output's session is the outputs' own: begin it again.
+            Some(lost) => lost.cancel(),
+            None => self.failure.record(BrokerError::Sender {
+                address: self.address.clone(),
+                source,
+            }),
+        }
     }
 }

@@ -49,19 +49,27 @@ pub async fn send(options: &SendOptions, bodies: &[String]) -> Result<(), Broker
     for (n, body) in bodies.iter().enumerate() {
         let id = format!("wharf-send-{}-{n}", std::process::id());
         let message = message(options, body, Properties::builder().message_id(id).build());
-        match tokio::time::timeout(options.timeout, sender.send(message)).await {
-            Ok(Ok(Outcome::Accepted(_))) => println!("sent {body:?} to {address}"),
-            Ok(Ok(other)) => {
-                return Err(publish_error(PublishFailure::Refused(format!("{other:?}"))));
-            }
-            Ok(Err(e)) => return Err(publish_error(PublishFailure::Send(e))),
-            Err(_) => return Err(publish_error(PublishFailure::TimedOut(options.timeout))),
-        }
+        let sent = tokio::time::timeout(options.timeout, sender.send(message)).await;
+        outcome_of(sent, options.timeout).map_err(publish_error)?;
+        println!("sent {body:?} to {address}");
     }
     let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, sender.close()).await;
     let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
     connection.close(super::CLOSE_TIMEOUT).await;
     Ok(())
+}
+
+/// What a send waited for `timeout` came to.
+fn outcome_of(
+    sent: Result<Result<Outcome, fe2o3_amqp::link::SendError>, tokio::time::error::Elapsed>,
+    timeout: Duration,
+) -> Result<(), PublishFailure> {
+    match sent {
+        Ok(Ok(Outcome::Accepted(_))) => Ok(()),
+        Ok(Ok(other)) => Err(PublishFailure::outcome(&other)),
+        Ok(Err(e)) => Err(PublishFailure::NotSent(e.to_string())),
+        Err(_) => Err(PublishFailure::no_answer(timeout)),
+    }
 }
 
 /// A durable message with `body` (an `amqp-value` string), `properties`
@@ -135,17 +143,12 @@ pub async fn request(options: &SendOptions, body: &str) -> Result<Reply, BrokerE
     };
     let deadline = tokio::time::Instant::now() + options.timeout;
     let sent = tokio::time::timeout_at(deadline, sender.send(message(options, body, properties)));
-    match sent.await {
-        Ok(Ok(Outcome::Accepted(_))) => {}
-        Ok(Ok(other)) => return Err(publish_error(PublishFailure::Refused(format!("{other:?}")))),
-        Ok(Err(e)) => return Err(publish_error(PublishFailure::Send(e))),
-        Err(_) => return Err(publish_error(PublishFailure::TimedOut(options.timeout))),
-    }
+    outcome_of(sent.await, options.timeout).map_err(publish_error)?;
     let no_reply = || BrokerError::Publish {
         address: reply_to.clone(),
-        source: PublishFailure::Refused(format!(
-            "no reply correlated with `{id}` within {:?}",
-            options.timeout
+        source: PublishFailure::Unknown(format!(
+            "no reply correlated with `{id}` came within {}",
+            humantime::format_duration(options.timeout)
         )),
     };
     let reply = loop {

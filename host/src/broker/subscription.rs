@@ -28,6 +28,8 @@ pub enum Received {
         info: DeliveryInfo,
         /// What is wrong with it.
         reason: String,
+        /// The message exactly as it arrived.
+        payload: bytes::Bytes,
     },
     /// A delivery over the mount's `max_message_size`, already rejected by
     /// the link without being read.
@@ -43,8 +45,11 @@ pub enum Received {
 pub struct Inbound {
     /// What settling it needs.
     pub info: DeliveryInfo,
-    /// The message, exactly as it arrived.
+    /// The message, decoded.
     pub message: AmqpMessage,
+    /// The message exactly as it arrived, where the mount may have to
+    /// publish it so (to its dead-letter address).
+    pub payload: Option<bytes::Bytes>,
 }
 
 /// How a receiver is attached.
@@ -62,6 +67,9 @@ pub struct ReceiverOptions<'a> {
     pub credit: u32,
     /// Deliveries larger than this are rejected unread.
     pub max_message_size: u64,
+    /// Keep each delivery's payload as it arrived, beside the decoded
+    /// message.
+    pub keep_payloads: bool,
 }
 
 /// A receiver attached to one address.
@@ -69,6 +77,7 @@ pub struct Subscription {
     receiver: Receiver,
     address: String,
     modified_supported: bool,
+    keep_payloads: bool,
 }
 
 impl Subscription {
@@ -86,6 +95,7 @@ impl Subscription {
             .name(options.link_name)
             .source(source.build())
             .max_message_size(options.max_message_size)
+            .decode_messages(false)
             .credit_mode(CreditMode::Auto(options.credit));
         if options.settle == Settle::AtMostOnce {
             builder = builder.sender_settle_mode(SenderSettleMode::Settled);
@@ -109,6 +119,7 @@ impl Subscription {
             receiver,
             address: options.address.to_owned(),
             modified_supported,
+            keep_payloads: options.keep_payloads,
         })
     }
 
@@ -120,6 +131,8 @@ impl Subscription {
     /// The next delivery. Cancel-safe. An error means the link is gone.
     pub async fn recv(&mut self) -> Result<Received, BrokerError> {
         loop {
+            // The link hands every payload over undecoded: wharf checks it
+            // against its limits before decoding any of it.
             let received = match self.receiver.recv::<Body<Value>>().await {
                 Ok(delivery) => {
                     let delivery: Delivery<Body<Value>> = delivery;
@@ -127,19 +140,20 @@ impl Subscription {
                     Received::Delivery(Box::new(Inbound {
                         info,
                         message: message.into(),
+                        payload: None,
                     }))
                 }
-                // fe2o3 types application properties as simple values only;
-                // read what it could not.
                 Err(RecvError::MessageDecode(undecoded)) => {
                     match AmqpMessage::decode(&undecoded.payload) {
                         Ok(message) => Received::Delivery(Box::new(Inbound {
                             info: undecoded.info,
                             message,
+                            payload: self.keep_payloads.then_some(undecoded.payload),
                         })),
                         Err(failure) => Received::Undecodable {
                             info: undecoded.info,
                             reason: failure.0,
+                            payload: undecoded.payload,
                         },
                     }
                 }

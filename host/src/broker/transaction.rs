@@ -24,9 +24,16 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use std::collections::HashSet;
+
+use fe2o3_amqp::Sender;
+
 use super::BrokerPool;
 use super::error::{AttachFailure, BrokerError, PublishFailure};
-use super::publisher::{Failure, OutputLinks, OutputsOn, next_until_closed};
+use super::outputs::{
+    CLOSE_OUTPUT_SENDER, Failure, MAX_OUTPUT_SENDERS, OutputSession, OutputsOn, SenderCache,
+    close_sender, next_until_closed,
+};
 
 /// The most deliveries committed in one transaction.
 const MAX_BATCH: usize = 256;
@@ -133,7 +140,7 @@ impl Transactions {
                 return Err(e);
             }
         };
-        let outputs = OutputLinks::new(
+        let outputs = OutputSession::new(
             OutputsOn {
                 pool: on.pool,
                 capability: on.capability,
@@ -145,6 +152,7 @@ impl Transactions {
         let committer = Committer {
             controller,
             outputs,
+            senders: SenderCache::new(),
             disposer: on.disposer,
             timeout: on.publish_timeout,
             failure,
@@ -156,7 +164,8 @@ impl Transactions {
 
 struct Committer {
     controller: Controller,
-    outputs: OutputLinks,
+    outputs: OutputSession,
+    senders: SenderCache<Sender>,
     disposer: ReceiverDisposer,
     timeout: Duration,
     failure: Arc<Failure>,
@@ -186,11 +195,16 @@ impl Committer {
             {
                 batch.push(work);
             }
-            tracing::trace!(deliveries = batch.len(), "committing");
-            self.commit_batch(batch).await;
+            // A transaction's senders must all stay attached until it ends.
+            for batch in by_addresses(batch, MAX_OUTPUT_SENDERS) {
+                tracing::trace!(deliveries = batch.len(), "committing");
+                self.commit_batch(batch).await;
+            }
         }
         let _ = tokio::time::timeout(self.timeout, self.controller.close()).await;
-        self.outputs.close(self.timeout).await;
+        for (_, sender) in self.senders.drain() {
+            close_sender(sender, self.timeout, false).await;
+        }
     }
 
     async fn commit_batch(&mut self, batch: Vec<Work>) {
@@ -199,9 +213,13 @@ impl Committer {
         }
         // Senders first, outside any transaction: a delivery whose output
         // address the broker refuses fails alone.
+        let keep: HashSet<String> = batch
+            .iter()
+            .flat_map(|work| work.outputs.iter().map(|o| o.address.clone()))
+            .collect();
         let mut ready = Vec::with_capacity(batch.len());
         for work in batch {
-            match self.attach_senders(&work).await {
+            match self.attach_senders(&work, &keep).await {
                 Ok(()) => ready.push(work),
                 Err(e) => {
                     let _ = work.done.send(Err(e));
@@ -258,19 +276,35 @@ impl Committer {
         });
     }
 
-    async fn attach_senders(&mut self, work: &Work) -> Result<(), BrokerError> {
+    /// Attaches a sender for each output address of `work` that has none,
+    /// each within the time-out, making room by detaching senders no
+    /// delivery of this batch (`keep`) uses.
+    async fn attach_senders(
+        &mut self,
+        work: &Work,
+        keep: &HashSet<String>,
+    ) -> Result<(), BrokerError> {
         for output in &work.outputs {
+            if self.senders.contains(&output.address) {
+                continue;
+            }
+            if let Some(evicted) = self.senders.evict_for_one(|a| keep.contains(a)) {
+                close_sender(evicted, CLOSE_OUTPUT_SENDER, true).await;
+            }
             let attached =
-                tokio::time::timeout(self.timeout, self.outputs.sender(&output.address)).await;
+                tokio::time::timeout(self.timeout, self.outputs.attach(&output.address)).await;
             let failure = match attached {
-                Ok(Ok(_)) => continue,
+                Ok(Ok(sender)) => {
+                    self.senders.insert(output.address.clone(), sender);
+                    continue;
+                }
                 Ok(Err(e)) => e,
-                Err(_) => PublishFailure::TimedOut(self.timeout),
+                Err(_) => PublishFailure::NotSent(format!(
+                    "no sender link was attached within {} (`publish_timeout`)",
+                    humantime::format_duration(self.timeout)
+                )),
             };
-            return Err(BrokerError::Publish {
-                address: output.address.clone(),
-                source: failure,
-            });
+            return Err(output_error(&output.address, failure));
         }
         Ok(())
     }
@@ -280,7 +314,7 @@ impl Committer {
     async fn transact(&mut self, batch: &[Work]) -> Result<(), Failed> {
         let Committer {
             controller,
-            outputs,
+            senders,
             disposer,
             timeout,
             ..
@@ -288,12 +322,13 @@ impl Committer {
         let timeout = *timeout;
         let txn = step(timeout, "declaring", Transaction::declare(controller, None)).await?;
         let txn_id = txn.txn_id().clone();
-        if let Err(failed) = post_all(outputs, batch, &txn_id, timeout).await {
+        if let Err(failed) = post_all(senders, batch, &txn_id, timeout).await {
             // A refusal leaves the links fine: undo the transaction's
             // work and go on. Otherwise the links go, and with them the
             // transaction.
-            if let Failed::Refused(_) = failed {
+            if let Failed::Refused(error) = failed {
                 step(timeout, "rolling back", txn.rollback()).await?;
+                return Err(Failed::Refused(rolled_back(error)));
             }
             return Err(failed);
         }
@@ -309,10 +344,48 @@ impl Committer {
     }
 }
 
+/// `batch` in order, cut wherever the next delivery would bring the
+/// output addresses of its part past `max`. A delivery with more addresses
+/// than that on its own stays whole (the broker may still take it).
+fn by_addresses(batch: Vec<Work>, max: usize) -> Vec<Vec<Work>> {
+    let mut parts: Vec<Vec<Work>> = Vec::new();
+    let mut addresses: HashSet<String> = HashSet::new();
+    for work in batch {
+        let mut with = addresses.clone();
+        with.extend(work.outputs.iter().map(|o| o.address.clone()));
+        match parts.last_mut() {
+            Some(part) if with.len() <= max => {
+                part.push(work);
+                addresses = with;
+            }
+            _ => {
+                addresses = work.outputs.iter().map(|o| o.address.clone()).collect();
+                parts.push(vec![work]);
+            }
+        }
+    }
+    parts
+}
+
+/// A refused transaction was rolled back: whatever went out, the broker
+/// holds none of it now.
+fn rolled_back(error: BrokerError) -> BrokerError {
+    match error {
+        BrokerError::Publish {
+            address,
+            source: PublishFailure::Unknown(reason),
+        } => BrokerError::Publish {
+            address,
+            source: PublishFailure::NotSent(format!("{reason}; the transaction was rolled back")),
+        },
+        other => other,
+    }
+}
+
 /// Posts every output of `batch` in the transaction `txn_id`, then waits
 /// for the broker to take each, all within `timeout`.
 async fn post_all(
-    outputs: &mut OutputLinks,
+    senders: &mut SenderCache<Sender>,
     batch: &[Work],
     txn_id: &TransactionId,
     timeout: Duration,
@@ -321,10 +394,11 @@ async fn post_all(
     let mut posted = Vec::new();
     for output in batch.iter().flat_map(|work| &work.outputs) {
         let failed = |source| output_error(&output.address, source);
-        let sender = outputs
-            .sender(&output.address)
-            .await
-            .map_err(|source| Failed::Refused(failed(source)))?;
+        let Some(sender) = senders.get(&output.address) else {
+            return Err(Failed::Refused(failed(PublishFailure::NotSent(
+                "its sender link was detached".to_owned(),
+            ))));
+        };
         let sent = tokio::time::timeout_at(
             deadline,
             sender.post_payload_batchable(output.payload.clone(), txn_id.clone()),
@@ -334,10 +408,16 @@ async fn post_all(
             Ok(Ok(outcome)) => posted.push((&output.address, outcome)),
             // Refused before it went out: the link is fine.
             Ok(Err(e @ PostError::MessageSizeExceeded(_))) => {
-                return Err(Failed::Refused(failed(PublishFailure::Post(e))));
+                return Err(Failed::Refused(failed(PublishFailure::Refused(format!(
+                    "did not take it: {e}"
+                )))));
             }
-            Ok(Err(e)) => return Err(Failed::Links(failed(PublishFailure::Post(e)))),
-            Err(_) => return Err(Failed::Refused(failed(PublishFailure::TimedOut(timeout)))),
+            Ok(Err(e)) => {
+                return Err(Failed::Links(failed(PublishFailure::NotSent(format!(
+                    "the sender link failed: {e}"
+                )))));
+            }
+            Err(_) => return Err(Failed::Refused(failed(PublishFailure::no_credit(timeout)))),
         }
     }
     let answers =
@@ -345,11 +425,11 @@ async fn post_all(
             let failed = |source| output_error(address, source);
             match tokio::time::timeout_at(deadline, outcome).await {
                 Ok(Ok(Outcome::Accepted(_))) => Ok(()),
-                Ok(Ok(other)) => Err(Failed::Refused(failed(PublishFailure::Refused(format!(
-                    "{other:?}"
+                Ok(Ok(other)) => Err(Failed::Refused(failed(PublishFailure::outcome(&other)))),
+                Ok(Err(e)) => Err(Failed::Links(failed(PublishFailure::Unknown(format!(
+                    "the link failed before the broker answered: {e}"
                 ))))),
-                Ok(Err(e)) => Err(Failed::Links(failed(PublishFailure::Post(e)))),
-                Err(_) => Err(Failed::Refused(failed(PublishFailure::TimedOut(timeout)))),
+                Err(_) => Err(Failed::Refused(failed(PublishFailure::no_answer(timeout)))),
             }
         }))
         .await;

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
+use super::Grants;
 use super::bindings::Handler;
 use super::cpu::CpuLane;
-use super::grants::Grants;
 use super::module::{Failure, LogTags, Module};
-use super::outbox::Outgoing;
+use super::outbox::{Outgoing, Owners};
 use super::store::{InstanceSetup, StoreState};
-use super::{Delivery, Outcome};
+use super::{Delivery, InstancePolicy, Outcome};
 
 /// The budget of one handler call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,24 +22,6 @@ pub struct CallLimits {
     pub timeout: Duration,
     /// Linear memory of the instance, in bytes.
     pub memory: u64,
-}
-
-/// Whether an instance serves one delivery or several.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum InstancePolicy {
-    /// A fresh instance per delivery: nothing a handler leaves in memory
-    /// reaches the next delivery.
-    #[default]
-    PerDelivery,
-    /// Keep an instance after a successful call and give it later deliveries
-    /// of the same mount. Saves instantiation (large for JS and Python) at
-    /// the cost of isolation between those deliveries.
-    Reuse {
-        /// Deliveries one instance serves before it is replaced.
-        max_uses: u32,
-        /// How long an unused instance is kept.
-        max_idle: Duration,
-    },
 }
 
 /// Memory shared by several mounts' instances (a tenant's `max_memory`).
@@ -205,7 +187,8 @@ struct Instance {
 }
 
 impl Instances {
-    /// Runs `module` for a mount under `limits` and `grants`, its instances'
+    /// Runs `module` for a mount under `limits` and `grants` (its replies
+    /// kept from what `owners` says other tenants own), its instances'
     /// memory counted in `budget`, their long runs sharing `lane`, and their
     /// room in the pool taken from `slots`.
     #[allow(
@@ -218,6 +201,7 @@ impl Instances {
         policy: InstancePolicy,
         grants: Grants,
         tags: Arc<LogTags>,
+        owners: Owners,
         budget: Option<MemoryBudget>,
         lane: CpuLane,
         slots: InstanceSlots,
@@ -226,7 +210,7 @@ impl Instances {
             module,
             limits,
             policy,
-            setup: Arc::new(InstanceSetup::new(tags, grants)),
+            setup: Arc::new(InstanceSetup::new(tags, grants, owners)),
             budget,
             lane,
             slots,

@@ -19,14 +19,16 @@ mod store;
 
 pub use cpu::CpuLane;
 pub use engine::{PoolSize, Sandbox};
-pub use grants::{AddressPattern, Denied, Grants, Output, OutputLimits};
-pub use http::{BadHttpPattern, HttpGrants, HttpPattern};
+pub use grants::Denied;
 pub use instances::{
-    Call, CallLimits, InstancePolicy, InstanceSlots, Instances, MemoryBudget, MemoryHeld,
-    PoolNeeds, Reserved,
+    Call, CallLimits, InstanceSlots, Instances, MemoryBudget, MemoryHeld, PoolNeeds, Reserved,
 };
 pub use module::{Failure, LoadError, LogTags, Module};
-pub use outbox::Outgoing;
+pub use outbox::{Outgoing, Owners};
+pub use wharf_core::config::InstancePolicy;
+pub use wharf_core::grants::{
+    AddressPattern, BadHttpPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
+};
 
 /// Bindings generated from `wit/handler.wit`.
 pub mod bindings {
@@ -52,3 +54,46 @@ pub mod bindings_0_1 {
 
 pub use bindings::wharf::handler::outbox::{Message as OutboxMessage, SendError};
 pub use bindings::wharf::handler::types::{Delivery, Outcome, Property, Value};
+
+impl From<wharf_core::message::Delivery> for Delivery {
+    fn from(delivery: wharf_core::message::Delivery) -> Delivery {
+        Delivery {
+            body: delivery.body,
+            content_type: delivery.content_type,
+            subject: delivery.subject,
+            message_id: delivery.message_id,
+            correlation_id: delivery.correlation_id,
+            reply_to: delivery.reply_to,
+            properties: delivery
+                .properties
+                .into_iter()
+                .map(|p| Property {
+                    key: p.key,
+                    value: p.value.into(),
+                })
+                .collect(),
+            address: delivery.address,
+            tenant: delivery.tenant,
+            mount: delivery.mount,
+            attempt: delivery.attempt,
+            presettled: delivery.presettled,
+        }
+    }
+}
+
+impl From<wharf_core::message::PropertyValue> for Value {
+    fn from(value: wharf_core::message::PropertyValue) -> Value {
+        use wharf_core::message::PropertyValue as V;
+        match value {
+            V::String(s) => Value::String(s),
+            V::Int(n) => Value::Int(n),
+            V::Uint(n) => Value::Uint(n),
+            V::Float(f) => Value::Float(f),
+            V::Boolean(b) => Value::Boolean(b),
+            V::Bytes(b) => Value::Bytes(b),
+            V::Timestamp(ms) => Value::Timestamp(ms),
+            V::Null => Value::Null,
+            V::Other(text) => Value::Other(text),
+        }
+    }
+}

@@ -2,9 +2,36 @@
 //! its call. The host publishes them only if the handler acknowledges its
 //! delivery, before it accepts the delivery.
 
+use std::sync::{Arc, RwLock};
+
+use wharf_core::grants::AddressOwners;
+use wharf_core::message::reserved_property;
+
 use super::bindings::wharf::handler::outbox::{Host, Message, SendError};
 use super::store::StoreState;
 use super::{Delivery, Value};
+
+/// What every tenant of the host owns, shared by all instances and replaced
+/// when the config is reloaded: no tenant's reply may reach another's.
+#[derive(Clone, Default)]
+pub struct Owners(Arc<RwLock<Arc<AddressOwners>>>);
+
+impl Owners {
+    /// Replaces what the tenants own, for every instance at once.
+    pub fn replace(&self, owners: AddressOwners) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(owners);
+    }
+
+    fn current(&self) -> Arc<AddressOwners> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl From<AddressOwners> for Owners {
+    fn from(owners: AddressOwners) -> Owners {
+        Owners(Arc::new(RwLock::new(Arc::new(owners))))
+    }
+}
 
 /// One message a handler asked to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +98,16 @@ fn size(address: &str, message: &Message) -> u64 {
 
 impl StoreState {
     fn keep_output(&mut self, address: String, message: Message) -> Result<(), SendError> {
+        if let Some(reserved) = message
+            .properties
+            .iter()
+            .find(|p| reserved_property(&p.key))
+        {
+            return self.denied(&format!(
+                "message to `{address}` (it sets `{}`, a property the broker reserves)",
+                reserved.key
+            ));
+        }
         let limits = self.setup.grants.outputs;
         let outbox = &mut self.outbox;
         if outbox.outputs.len() >= limits.max_outputs as usize {
@@ -87,7 +124,7 @@ impl StoreState {
 
     fn denied(&self, what: &str) -> Result<(), SendError> {
         let tags = &self.setup.tags;
-        tracing::debug!(
+        tracing::warn!(
             tenant = &*tags.tenant,
             mount = &*tags.mount,
             "the handler's {what} was denied"
@@ -114,12 +151,22 @@ impl Host for StoreState {
     }
 
     fn reply(&mut self, mut message: Message) -> Result<(), SendError> {
-        if !self.setup.grants.reply {
+        let grant = &self.setup.grants.reply;
+        if !grant.granted() {
             return self.denied("reply (the mount does not grant `reply`)");
         }
         let Some(address) = self.outbox.reply_to.clone().filter(|a| !a.is_empty()) else {
             return Err(SendError::NoReplyTo);
         };
+        let tenant = &self.setup.tags.tenant;
+        if let Some(why) = self
+            .setup
+            .owners
+            .current()
+            .refuse_reply(tenant, grant, &address)
+        {
+            return self.denied(&format!("reply to `{address}` ({why})"));
+        }
         if message.correlation_id.is_none() {
             message.correlation_id.clone_from(&self.outbox.correlation);
         }

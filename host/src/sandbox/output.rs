@@ -9,7 +9,7 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-use super::grants::Output;
+use super::Output;
 use super::store::{InstanceSetup, MAX_LOG_LINE, escape_controls, truncate};
 
 /// Bytes of output kept per stream and delivery; the rest is counted and

@@ -7,12 +7,12 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::Grants;
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
-use super::grants::Grants;
 use super::http::HttpGate;
 use super::module::LogTags;
-use super::outbox::Outbox;
+use super::outbox::{Outbox, Owners};
 use super::output::LogOutput;
 
 /// Longest guest log line kept (from the `log` import or its output
@@ -26,6 +26,8 @@ const MAX_LOG_PER_CALL: usize = 64 * 1024;
 pub(crate) struct InstanceSetup {
     pub(crate) tags: Arc<LogTags>,
     pub(crate) grants: Grants,
+    /// What the tenants of this host own, which replies must not reach.
+    pub(crate) owners: Owners,
     /// Whether the empty environment has been noted in the log yet.
     empty_environment_noted: AtomicBool,
     /// Output bytes over the per-delivery allowance, not yet reported.
@@ -33,10 +35,11 @@ pub(crate) struct InstanceSetup {
 }
 
 impl InstanceSetup {
-    pub(crate) fn new(tags: Arc<LogTags>, grants: Grants) -> InstanceSetup {
+    pub(crate) fn new(tags: Arc<LogTags>, grants: Grants, owners: Owners) -> InstanceSetup {
         InstanceSetup {
             tags,
             grants,
+            owners,
             empty_environment_noted: AtomicBool::new(false),
             output_dropped: AtomicU64::new(0),
         }
@@ -287,7 +290,11 @@ mod tests {
             tenant: "t".into(),
             mount: "m".into(),
         });
-        let setup = Arc::new(InstanceSetup::new(tags, Grants::default()));
+        let setup = Arc::new(InstanceSetup::new(
+            tags,
+            Grants::default(),
+            Owners::default(),
+        ));
         let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new());
         state.begin_call(Instant::now());
         let line = "x".repeat(1000);

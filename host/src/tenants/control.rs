@@ -21,7 +21,7 @@ use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
 use crate::config::{Broker, Config, Mount, SaslMechanism, Tenant};
 use crate::events::{ConfigChange, Event};
-use crate::sandbox::{InstanceSlots, LogTags, Module, Sandbox};
+use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
 
 /// What the [`super::RunningHost`] asks of the control task.
 pub(super) enum Command {
@@ -56,6 +56,8 @@ pub(super) struct Control {
     config: Config,
     sandbox: Sandbox,
     slots: InstanceSlots,
+    /// What each tenant owns, for every instance's reply checks.
+    owners: Owners,
     default_pool: BrokerPool,
     tenants: HashMap<String, TenantState>,
     mounts: BTreeMap<MountKey, RunningMount>,
@@ -106,6 +108,7 @@ impl Control {
         let mut control = Control {
             default_pool: pool(&config.broker),
             config: config.clone(),
+            owners: config.address_owners().into(),
             sandbox,
             slots,
             tenants: HashMap::new(),
@@ -194,7 +197,12 @@ impl Control {
         let slots = self.slots.clone();
         let limits = self.tenant(tenant).limits.clone();
         let slot = Arc::new(ModuleSlot::new(instances_for(
-            mount, module, &tags, &limits, &slots,
+            mount,
+            module,
+            &tags,
+            &self.owners,
+            &limits,
+            &slots,
         )));
         Arc::new(MountSpec::new(
             tags.clone(),
@@ -305,6 +313,7 @@ impl Control {
                         &spec.config,
                         module.clone(),
                         &spec.tags,
+                        &self.owners,
                         &spec.tenant,
                         &self.slots,
                     );
@@ -381,6 +390,8 @@ impl Control {
         {
             tracing::warn!("[broker], [host] and [admin] changes take effect at the next start");
         }
+        // Replies are kept from what the tenants own now, in every mount.
+        self.owners.replace(config.address_owners());
         let running = self
             .mounts
             .iter()

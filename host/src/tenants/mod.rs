@@ -201,6 +201,7 @@ async fn probe_modules(
             mount.instance,
             mount.grants.clone(),
             tags,
+            config.address_owners().into(),
             None,
             CpuLane::new(),
             sandbox.slots().clone(),

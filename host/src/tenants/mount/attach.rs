@@ -88,6 +88,8 @@ impl Links {
             settle: mount.settle,
             credit: mount.credit,
             max_message_size: mount.max_message_size,
+            // A dead letter goes out exactly as the delivery arrived.
+            keep_payloads: mount.dead_letter.is_some(),
         };
         let subscription =
             tokio::time::timeout(timeout, Subscription::attach(&mut session.session, options))
@@ -214,7 +216,7 @@ impl Links {
 /// broker is Artemis (RabbitMQ has no transactions).
 fn commits_in_transactions(spec: &MountSpec, session: &PooledSession) -> bool {
     let grants = &spec.config.grants;
-    let outputs = !grants.send.is_empty() || grants.reply;
+    let outputs = !grants.send.is_empty() || grants.reply.granted();
     // An at-most-once delivery is settled on receipt: there is no
     // acceptance to commit with.
     outputs
@@ -229,7 +231,7 @@ fn commits_in_transactions(spec: &MountSpec, session: &PooledSession) -> bool {
 /// How the mount's outputs are committed, for the attach log.
 fn outputs_path(spec: &MountSpec, publisher: &Publisher, artemis: bool) -> &'static str {
     let grants = &spec.config.grants;
-    if grants.send.is_empty() && !grants.reply {
+    if grants.send.is_empty() && !grants.reply.granted() {
         "none granted"
     } else if publisher.transactions().is_some() {
         "in one transaction with the ack: all or nothing"

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::attach::MountContext;
-use super::settle::{self, Settler};
+use super::settle::{self, Arrived, Settler};
 use crate::broker::Inbound;
 use crate::broker::message::{self, DeliveryContext};
 use crate::config::Settle;
@@ -29,7 +29,11 @@ pub(super) async fn handle(
     flush: CancellationToken,
 ) {
     let spec = context.spec.clone();
-    let Inbound { info, message } = inbound;
+    let Inbound {
+        info,
+        message,
+        payload,
+    } = inbound;
     let counters = message.counters();
     let attempt = counters.attempt();
     let message_id = message.message_id();
@@ -85,8 +89,13 @@ pub(super) async fn handle(
         if matches!(plan.publish(), Some(Publish::Copy { delay, .. }) if !delay.is_zero()) {
             admission.release_running();
         }
-        let settled =
-            settle::carry_out(&context, &settler, info, &message, plan, &outputs, &flush).await;
+        let arrived = Arrived {
+            info,
+            message: &message,
+            payload: payload.as_ref(),
+            counters,
+        };
+        let settled = settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await;
         if settled.disposition == Some(Disposition::Modified) {
             spec.note_modified(message_id.as_deref(), attempt);
         }
@@ -109,6 +118,7 @@ pub(super) async fn handle(
             outcome,
             failure: result.err().map(|failure| failure.to_string()),
             plan,
+            instead: settled.instead,
             disposition: settled.disposition,
             error: settled.error,
         }));
@@ -125,7 +135,7 @@ async fn run_handler(
     attempt: u32,
 ) -> (HandlerResult, Vec<Outgoing>, MemoryHeld) {
     let spec = &context.spec;
-    let delivery = message::to_delivery(
+    let delivery: crate::sandbox::Delivery = message::to_delivery(
         message,
         DeliveryContext {
             address: &spec.config.address,
@@ -134,7 +144,8 @@ async fn run_handler(
             attempt,
             presettled: spec.config.settle == Settle::AtMostOnce,
         },
-    );
+    )
+    .into();
     let instances = instance.instances().clone();
     let module = instances.module();
     let Call {

@@ -29,7 +29,7 @@ use crate::broker::management::{self, QueueInfo, QueueKind};
 use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
 use crate::config::{Broker, Mount};
 use crate::events::Event;
-use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module};
+use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owners};
 use crate::settlement::Counters;
 pub(crate) use attach::AttachedMount;
 use attach::Links;
@@ -69,6 +69,7 @@ pub(crate) fn instances_for(
     mount: &Mount,
     module: Module,
     tags: &Arc<LogTags>,
+    owners: &Owners,
     tenant: &TenantLimits,
     slots: &InstanceSlots,
 ) -> Arc<Instances> {
@@ -82,6 +83,7 @@ pub(crate) fn instances_for(
         mount.instance,
         mount.grants.clone(),
         tags.clone(),
+        owners.clone(),
         tenant.memory(),
         tenant.lane(),
         slots.clone(),

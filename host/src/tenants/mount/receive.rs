@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use fe2o3_amqp::link::delivery::DeliveryInfo;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -13,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::attach::{AttachedMount, MountContext};
 use super::deliver;
-use super::settle::{SettleRequest, Settler};
+use super::settle::{self, SettleRequest, Settler};
 use crate::broker::{BrokerError, Received, Subscription};
+use crate::config::Settle;
 use crate::events::Event;
 use crate::sandbox::LogTags;
 use crate::settlement::Disposition;
@@ -83,9 +86,25 @@ impl AttachedMount {
                                 flush.clone(),
                             )));
                         }
-                        Ok(Received::Undecodable { info, reason }) => {
-                            let result = subscription.reject_undecodable(info, &reason).await;
-                            refused(&context, format!("not a readable AMQP message: {reason}"), result.err());
+                        Ok(Received::Undecodable { info, reason, payload }) => {
+                            let reason = format!("not a readable AMQP message: {reason}");
+                            match &spec.config.dead_letter {
+                                // Settled like any other delivery: through
+                                // this loop, once its dead letter is in.
+                                Some(_) if spec.config.settle == Settle::AtLeastOnce => {
+                                    tasks.spawn(dead_letter_unreadable(
+                                        context.clone(),
+                                        settler.clone(),
+                                        info,
+                                        payload,
+                                        reason,
+                                    ));
+                                }
+                                _ => {
+                                    let result = subscription.reject_undecodable(info, &reason).await;
+                                    refused(&context, reason, result.err().map(|e| e.to_string()));
+                                }
+                            }
                         }
                         Ok(Received::Oversized { size, max_size }) => {
                             refused(
@@ -216,8 +235,28 @@ fn abandon(tasks: &mut JoinSet<()>, context: &MountContext) {
     }
 }
 
+/// Publishes an unreadable delivery to the mount's dead-letter address,
+/// then settles it.
+async fn dead_letter_unreadable(
+    context: Arc<MountContext>,
+    settler: Settler,
+    info: DeliveryInfo,
+    payload: Bytes,
+    reason: String,
+) {
+    let address = context
+        .spec
+        .config
+        .dead_letter
+        .as_deref()
+        .expect("spawned only for mounts with a dead-letter address");
+    let result =
+        settle::dead_letter_unreadable(&context, &settler, info, payload, &reason, address).await;
+    refused(&context, reason, result.err());
+}
+
 /// A delivery the host settled without running the handler.
-fn refused(context: &MountContext, reason: String, error: Option<BrokerError>) {
+fn refused(context: &MountContext, reason: String, error: Option<String>) {
     let tags = &context.spec.tags;
     context.spec.metrics.refused();
     match &error {

@@ -1,19 +1,28 @@
-//! Carrying out a plan on the link: dispositions, dead letters and copies,
-//! in the order the plan gives. The rules themselves live in `settlement`.
+//! Carrying out a plan on the link: dispositions, dead letters, copies and
+//! outputs, in the order the plan gives. What a publish's answer means for
+//! the delivery is `settlement::after_publish`; this file only does it.
 
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::attach::MountContext;
 use crate::admin::MountMetrics;
-use crate::broker::message::AmqpMessage;
-use crate::broker::{Output, Transactions};
+use crate::broker::message::{self, AmqpMessage};
+use crate::broker::{BrokerError, Output, Transactions};
 use crate::events::Event;
 use crate::sandbox::Outgoing;
-use crate::settlement::{DelayPath, Disposition, Plan, Publish};
+use crate::settlement::{
+    self, AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Publish, Published,
+};
+
+/// The message annotation a dead letter carries when the host knows more
+/// of why it ends there than "no more attempts": outputs the broker would
+/// not take, or a message the host could not read.
+pub(crate) const DEAD_LETTER_REASON: &str = "x-opt-wharf-dead-letter-reason";
 
 /// A disposition a delivery task asks the receive loop to send; only the
 /// loop owns the receiver.
@@ -45,113 +54,194 @@ impl Settler {
     }
 }
 
-/// How a plan went: the disposition sent (if any) and the first thing that
-/// went wrong.
+/// A delivery as it arrived, for everything its plan may publish.
+pub(super) struct Arrived<'a> {
+    /// What settling it needs.
+    pub(super) info: DeliveryInfo,
+    /// The message, decoded.
+    pub(super) message: &'a AmqpMessage,
+    /// The message as it arrived, where the mount keeps it (for dead
+    /// letters exactly as received).
+    pub(super) payload: Option<&'a Bytes>,
+    /// Its counters, for a plan made again.
+    pub(super) counters: Counters,
+}
+
+/// How a delivery's plan went.
 pub(super) struct Settled {
+    /// The disposition sent, if any.
     pub(super) disposition: Option<Disposition>,
+    /// The plan carried out instead of the one asked for: the handler's
+    /// `ack` could not stand because its outputs were not delivered.
+    pub(super) instead: Option<Plan>,
+    /// The first thing that went wrong.
     pub(super) error: Option<String>,
 }
 
-/// Carries out `plan` for the delivery `info` of `message`. `flush`, once
-/// cancelled (the mount is stopping), ends the wait of a held copy and of
-/// the pause after a failed publish.
+/// Carries out `plan` for `arrived`. `flush`, once cancelled (the mount is
+/// stopping), ends the wait of a held copy and of the pause after a failed
+/// publish.
 pub(super) async fn carry_out(
     context: &MountContext,
     settler: &Settler,
-    info: DeliveryInfo,
-    message: &AmqpMessage,
+    arrived: &Arrived<'_>,
     plan: Plan,
     outputs: &[Outgoing],
     flush: &CancellationToken,
 ) -> Settled {
-    let settle = async |disposition| match settler.settle(info.clone(), disposition).await {
-        Ok(()) => Settled {
-            disposition: Some(disposition),
-            error: None,
-        },
-        Err(error) => Settled {
-            disposition: None,
-            error: Some(error),
-        },
+    let first = carry_out_plan(context, settler, arrived, plan, outputs, flush, None).await;
+    let Step::Retry(reason) = first else {
+        return first.settled();
     };
-    match plan {
-        Plan::Settle(disposition) => settle(disposition).await,
-        Plan::PublishThenSettle {
-            publish,
-            then,
-            otherwise,
-        } => {
-            let published = match (publish, context.publisher.transactions()) {
-                // The acceptance is part of the transaction.
-                (Publish::Outputs, Some(transactions)) => {
-                    commit_outputs(context, transactions, info.clone(), message, outputs)
-                        .await
-                        .map(|()| Committed::WithAcceptance)
-                }
-                _ => publish_one(context, message, publish, outputs, flush)
-                    .await
-                    .map(|()| Committed::Alone),
-            };
-            match published {
-                Ok(committed) => {
-                    context.spec.publish_backoff_reset();
-                    match committed {
-                        Committed::WithAcceptance => Settled {
-                            disposition: Some(then),
-                            error: None,
-                        },
-                        Committed::Alone => settle(then).await,
-                    }
-                }
-                Err(error) => {
-                    // Handing the delivery back at once would bring it straight
-                    // back to a publish that fails: pause first.
-                    let pause = context.spec.publish_backoff_next();
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = flush.cancelled() => {}
-                    }
-                    let mut settled = settle(otherwise).await;
-                    settled.error = Some(error);
-                    settled
-                }
-            }
-        }
-        Plan::Presettled { publish, .. } => {
-            let error = match publish {
-                Some(publish) => publish_one(context, message, publish, outputs, flush)
-                    .await
-                    .err(),
-                None => None,
-            };
-            Settled {
+    // The ack's outputs cannot be delivered: the attempt failed. A retry's
+    // plan publishes no outputs, so this happens once at most.
+    let instead = settlement::plan(&context.policy(), &arrived.counters, Outcome::Retry);
+    let tags = &context.spec.tags;
+    tracing::warn!(
+        tenant = &*tags.tenant,
+        mount = &*tags.mount,
+        "the handler acknowledged, but its outputs were not delivered ({reason}): a failed attempt"
+    );
+    context.spec.metrics.outputs_undeliverable();
+    let retried = carry_out_plan(
+        context,
+        settler,
+        arrived,
+        instead,
+        &[],
+        flush,
+        Some(&reason),
+    )
+    .await;
+    let mut settled = retried.settled();
+    settled.instead = Some(instead);
+    settled.error = Some(match settled.error {
+        Some(error) => format!("{reason}; then {error}"),
+        None => reason,
+    });
+    settled
+}
+
+/// How one plan went.
+enum Step {
+    Done(Settled),
+    /// The outputs of an ack were not delivered, for this reason.
+    Retry(String),
+}
+
+impl Step {
+    fn settled(self) -> Settled {
+        match self {
+            Step::Done(settled) => settled,
+            Step::Retry(reason) => Settled {
                 disposition: None,
-                error,
-            }
+                instead: None,
+                error: Some(reason),
+            },
         }
     }
 }
 
-/// Publishes what the plan owes and waits for the broker to accept it. A
-/// held copy first waits out its delay (or until the mount stops).
+async fn carry_out_plan(
+    context: &MountContext,
+    settler: &Settler,
+    arrived: &Arrived<'_>,
+    plan: Plan,
+    outputs: &[Outgoing],
+    flush: &CancellationToken,
+    reason: Option<&str>,
+) -> Step {
+    let settle = async |disposition: Option<Disposition>, error: Option<String>| {
+        let Some(disposition) = disposition else {
+            return Step::Done(Settled {
+                disposition: None,
+                instead: None,
+                error,
+            });
+        };
+        let sent = settler.settle(arrived.info.clone(), disposition).await;
+        Step::Done(Settled {
+            disposition: sent.is_ok().then_some(disposition),
+            instead: None,
+            error: error.or(sent.err()),
+        })
+    };
+    let Some(publish) = plan.publish() else {
+        let disposition = match plan {
+            Plan::Settle(disposition) => Some(disposition),
+            _ => None,
+        };
+        return settle(disposition, None).await;
+    };
+    let committed_with_acceptance =
+        publish == Publish::Outputs && context.publisher.transactions().is_some();
+    let published = match (publish, context.publisher.transactions()) {
+        (Publish::Outputs, Some(transactions)) => {
+            commit_outputs(context, transactions, arrived, outputs).await
+        }
+        _ => publish_one(context, arrived, publish, outputs, flush, reason).await,
+    };
+    let error = published.failure().map(str::to_owned);
+    match settlement::after_publish(&plan, &published) {
+        AfterPublish::Retry { reason } => Step::Retry(reason),
+        AfterPublish::Settle(disposition) if published == Published::Accepted => {
+            context.spec.publish_backoff_reset();
+            if committed_with_acceptance {
+                // The acceptance was part of the transaction.
+                return Step::Done(Settled {
+                    disposition,
+                    instead: None,
+                    error: None,
+                });
+            }
+            settle(disposition, None).await
+        }
+        AfterPublish::Settle(disposition) => {
+            // Handing the delivery back at once would bring it straight
+            // back to a publish that fails: pause first.
+            if disposition.is_some() {
+                let pause = context.spec.publish_backoff_next();
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = flush.cancelled() => {}
+                }
+            }
+            settle(disposition, error).await
+        }
+    }
+}
+
+/// Publishes what the plan owes and waits for the broker's answer. A held
+/// copy first waits out its delay (or until the mount stops).
 async fn publish_one(
     context: &MountContext,
-    message: &AmqpMessage,
+    arrived: &Arrived<'_>,
     publish: Publish,
     outputs: &[Outgoing],
     flush: &CancellationToken,
-) -> Result<(), String> {
+    reason: Option<&str>,
+) -> Published {
     let spec = &context.spec;
     match publish {
-        Publish::Outputs => publish_outputs(context, message, outputs).await,
+        Publish::Outputs => publish_outputs(context, arrived.message, outputs).await,
         Publish::DeadLetter => {
             let address = spec
                 .config
                 .dead_letter
                 .as_deref()
                 .expect("plans only dead-letter when the mount declares an address");
-            let published = publish_message(context, address, message).await;
-            if published.is_ok() {
+            let payload = match arrived.payload {
+                Some(payload) => Ok(payload.clone()),
+                None => arrived.message.encode(),
+            };
+            let published = match payload {
+                Ok(payload) => {
+                    let payload = with_reason(payload, reason);
+                    published(context.publisher.publish(address, payload).await)
+                }
+                Err(e) => not_encoded(&e),
+            };
+            if published == Published::Accepted {
                 spec.metrics.dead_lettered();
             }
             published
@@ -169,27 +259,65 @@ async fn publish_one(
                     None
                 }
             };
-            let copy = message.copy(retry_count, due);
-            let published = publish_message(context, &spec.config.address, &copy).await;
-            spec.metrics.copy_published(published.is_ok());
+            let copy = arrived.message.copy(retry_count, due);
+            let published = match copy.encode() {
+                Ok(payload) => published(
+                    context
+                        .publisher
+                        .publish(&spec.config.address, payload)
+                        .await,
+                ),
+                Err(e) => not_encoded(&e),
+            };
+            spec.metrics
+                .copy_published(published == Published::Accepted);
             let _ = spec.events.send(Event::CopyPublished {
                 tenant: spec.tags.tenant.clone(),
                 mount: spec.tags.mount.clone(),
                 message_id: copy.message_id(),
                 retry_count,
-                error: published.as_ref().err().cloned(),
+                error: published.failure().map(str::to_owned),
             });
             published
         }
     }
 }
 
-/// Whether the input was accepted with what was published.
-enum Committed {
-    /// In the same transaction.
-    WithAcceptance,
-    /// No: the input is settled next.
-    Alone,
+/// A dead letter's payload, with the reason among its annotations when
+/// there is one to give (and the payload's sections can be found).
+fn with_reason(payload: Bytes, reason: Option<&str>) -> Bytes {
+    match reason {
+        Some(reason) => message::annotate(&payload, DEAD_LETTER_REASON, reason).unwrap_or(payload),
+        None => payload,
+    }
+}
+
+/// What the host can know of a publish from the publisher's answer.
+fn published(result: Result<(), BrokerError>) -> Published {
+    match result {
+        Ok(()) => Published::Accepted,
+        Err(BrokerError::Publish { address, source }) => {
+            let mut published = source.published();
+            if let Published::Refused { reason }
+            | Published::NotSent { reason }
+            | Published::Unknown { reason } = &mut published
+            {
+                *reason = format!("`{address}`: {reason}");
+            }
+            published
+        }
+        // A transaction that failed as a whole: the broker rolls back what
+        // it did not commit, but whether the commit landed is not known.
+        Err(other) => Published::Unknown {
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn not_encoded(error: &message::DecodeFailure) -> Published {
+    Published::Refused {
+        reason: format!("cannot encode it: {error}"),
+    }
 }
 
 /// The outputs of the handler of `input`, encoded, each with its
@@ -198,80 +326,113 @@ fn encode_outputs(
     context: &MountContext,
     input: &AmqpMessage,
     outputs: &[Outgoing],
-) -> Result<Vec<Output>, String> {
-    let input_id = input.message_id().unwrap_or_else(|| input.body_digest());
+) -> Result<Vec<Output>, message::DecodeFailure> {
+    let input_id = input.identity();
     outputs
         .iter()
         .enumerate()
         .map(|(index, output)| {
-            let message =
-                AmqpMessage::output(&output.message, &input_id, index, context.duplicate_ids);
+            let message = crate::broker::output_message(
+                &output.message,
+                &input_id,
+                index,
+                context.duplicate_ids,
+            );
             Ok(Output {
                 address: output.address.clone(),
-                payload: message.encode().map_err(|e| e.to_string())?,
+                payload: message.encode()?,
             })
         })
         .collect()
 }
 
-/// Posts every output of the handler of `input` and accepts `input` in one
+/// Posts every output of the handler of `arrived` and accepts it in one
 /// transaction, and waits until it is committed.
 async fn commit_outputs(
     context: &MountContext,
     transactions: &Transactions,
-    info: DeliveryInfo,
-    input: &AmqpMessage,
+    arrived: &Arrived<'_>,
     outputs: &[Outgoing],
-) -> Result<(), String> {
-    let encoded = encode_outputs(context, input, outputs)?;
-    let committed = transactions.commit(info, encoded).await;
-    let (published, failed) = match committed {
-        Ok(()) => (outputs.len(), 0),
-        Err(_) => (0, outputs.len()),
+) -> Published {
+    let encoded = match encode_outputs(context, arrived.message, outputs) {
+        Ok(encoded) => encoded,
+        Err(e) => return not_encoded(&e),
     };
-    context.spec.metrics.outputs_published(published, failed);
-    committed.map_err(|e| e.to_string())
+    let committed = published(transactions.commit(arrived.info.clone(), encoded).await);
+    let (sent, failed) = match committed {
+        Published::Accepted => (outputs.len(), 0),
+        _ => (0, outputs.len()),
+    };
+    context.spec.metrics.outputs_published(sent, failed);
+    committed
 }
 
 /// Publishes every output of the handler of `input` at once, and waits
-/// until the broker has accepted them all.
+/// until the broker has answered each. The first that is not accepted
+/// decides, the most definite first: a refusal, then one never sent, then
+/// one whose fate is unknown.
 async fn publish_outputs(
     context: &MountContext,
     input: &AmqpMessage,
     outputs: &[Outgoing],
-) -> Result<(), String> {
-    let encoded = encode_outputs(context, input, outputs)?;
-    let published = futures_util::future::join_all(encoded.into_iter().map(|output| async move {
-        context
-            .publisher
-            .publish_output(&output.address, output.payload)
-            .await
-            .map_err(|e| e.to_string())
+) -> Published {
+    let encoded = match encode_outputs(context, input, outputs) {
+        Ok(encoded) => encoded,
+        Err(e) => return not_encoded(&e),
+    };
+    let answers = futures_util::future::join_all(encoded.into_iter().map(|output| async move {
+        published(
+            context
+                .publisher
+                .publish_output(&output.address, output.payload)
+                .await,
+        )
     }))
     .await;
-    let failed = published.iter().filter(|p| p.is_err()).count();
+    let failed = answers
+        .iter()
+        .filter(|p| **p != Published::Accepted)
+        .count();
     context
         .spec
         .metrics
         .outputs_published(outputs.len() - failed, failed);
-    match published.into_iter().find_map(Result::err) {
-        None => Ok(()),
-        Some(error) if failed == 1 => Err(error),
-        Some(error) => Err(format!("{error} (and {} more outputs)", failed - 1)),
-    }
+    let rank = |p: &Published| match p {
+        Published::Refused { .. } => 0,
+        Published::NotSent { .. } => 1,
+        Published::Unknown { .. } => 2,
+        Published::Accepted => 3,
+    };
+    answers
+        .into_iter()
+        .min_by_key(rank)
+        .unwrap_or(Published::Accepted)
 }
 
-async fn publish_message(
+/// Publishes an undecodable delivery's payload, as it arrived, to the
+/// mount's dead-letter address with the reason, then accepts it; if the
+/// broker does not take the dead letter, hands the delivery back.
+pub(super) async fn dead_letter_unreadable(
     context: &MountContext,
+    settler: &Settler,
+    info: DeliveryInfo,
+    payload: Bytes,
+    reason: &str,
     address: &str,
-    message: &AmqpMessage,
 ) -> Result<(), String> {
-    let encoded = message.encode().map_err(|e| e.to_string())?;
-    context
-        .publisher
-        .publish(address, encoded)
-        .await
-        .map_err(|e| e.to_string())
+    let payload = with_reason(payload, Some(reason));
+    let sent = published(context.publisher.publish(address, payload).await);
+    let disposition = if sent == Published::Accepted {
+        context.spec.metrics.dead_lettered();
+        Disposition::Accepted
+    } else {
+        context.policy().keep()
+    };
+    settler.settle(info, disposition).await?;
+    match sent.failure() {
+        None => Ok(()),
+        Some(failure) => Err(format!("not dead-lettered ({failure}); handed back")),
+    }
 }
 
 /// The delay of a copy held by the host, the original unsettled meanwhile.

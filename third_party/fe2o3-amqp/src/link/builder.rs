@@ -85,6 +85,12 @@ pub struct Builder<Role, T, NameState, SS, TS> {
     /// The maximum message size supported by the link endpoint
     pub max_message_size: Option<Ulong>,
 
+    /// Whether a receiver decodes messages; when not, every delivery comes
+    /// back from `recv` as [`RecvError::MessageDecode`](crate::link::RecvError::MessageDecode)
+    /// holding its payload, for an application that decodes it (within
+    /// limits of its own).
+    pub decode_messages: bool,
+
     /// The extension capabilities the sender supports
     pub offered_capabilities: Option<Vec<Symbol>>,
 
@@ -136,6 +142,7 @@ impl<Role, T> Default for Builder<Role, T, WithoutName, WithoutSource, WithoutTa
             target: Default::default(),
             initial_delivery_count: Default::default(),
             max_message_size: Default::default(),
+            decode_messages: true,
             offered_capabilities: Default::default(),
             desired_capabilities: Default::default(),
             properties: Default::default(),
@@ -168,6 +175,16 @@ impl Builder<role::ReceiverMarker, Target, WithoutName, WithoutSource, WithTarge
 }
 
 impl<T, NameState, SS, TS> Builder<role::ReceiverMarker, T, NameState, SS, TS> {
+    /// Whether the receiver decodes messages (the default). Without, every
+    /// delivery comes back from `recv` as
+    /// [`RecvError::MessageDecode`](crate::link::RecvError::MessageDecode)
+    /// with its info and its payload exactly as it arrived, undecoded: for
+    /// an application that bounds what it decodes (nesting, size) itself.
+    pub fn decode_messages(mut self, decode: bool) -> Self {
+        self.decode_messages = decode;
+        self
+    }
+
     /// Sets the `auto_accept` field.
     ///
     /// Default value: `false`
@@ -188,6 +205,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
             target: self.target,
             initial_delivery_count: self.initial_delivery_count,
             max_message_size: self.max_message_size,
+            decode_messages: self.decode_messages,
             offered_capabilities: self.offered_capabilities,
             desired_capabilities: self.desired_capabilities,
             buffer_size: self.buffer_size,
@@ -215,6 +233,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
             target: self.target,
             initial_delivery_count: self.initial_delivery_count,
             max_message_size: self.max_message_size,
+            decode_messages: self.decode_messages,
             offered_capabilities: self.offered_capabilities,
             desired_capabilities: self.desired_capabilities,
             buffer_size: self.buffer_size,
@@ -242,6 +261,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
             target: self.target,
             initial_delivery_count: self.initial_delivery_count,
             max_message_size: self.max_message_size,
+            decode_messages: self.decode_messages,
             offered_capabilities: self.offered_capabilities,
             desired_capabilities: self.desired_capabilities,
             buffer_size: self.buffer_size,
@@ -281,6 +301,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
             target: self.target,
             initial_delivery_count: self.initial_delivery_count,
             max_message_size: self.max_message_size,
+            decode_messages: self.decode_messages,
             offered_capabilities: self.offered_capabilities,
             desired_capabilities: self.desired_capabilities,
             properties: self.properties,
@@ -311,6 +332,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
             target: Some(target.into()), // setting target
             initial_delivery_count: self.initial_delivery_count,
             max_message_size: self.max_message_size,
+            decode_messages: self.decode_messages,
             offered_capabilities: self.offered_capabilities,
             desired_capabilities: self.desired_capabilities,
             buffer_size: self.buffer_size,
@@ -342,6 +364,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
                 target: Some(coordinator), // setting target
                 initial_delivery_count: self.initial_delivery_count,
                 max_message_size: self.max_message_size,
+                decode_messages: self.decode_messages,
                 offered_capabilities: self.offered_capabilities,
                 desired_capabilities: self.desired_capabilities,
                 buffer_size: self.buffer_size,
@@ -440,6 +463,7 @@ impl<Role, T, NameState, SS, TS> Builder<Role, T, NameState, SS, TS> {
             source: self.source,
             target: self.target,
             max_message_size,
+            decode_messages: self.decode_messages,
             offered_capabilities: self.offered_capabilities,
             desired_capabilities: self.desired_capabilities,
             remote_offered_capabilities: None,

@@ -199,6 +199,9 @@ pub(crate) struct Link<R, T, F, M> {
     /// If zero, the attach frame should treated is None
     pub(crate) max_message_size: u64,
 
+    /// Whether a receiver decodes messages, or hands over their payloads.
+    pub(crate) decode_messages: bool,
+
     // capabilities
     pub(crate) offered_capabilities: Option<Vec<Symbol>>, // TODO: Add accessor fns
     pub(crate) desired_capabilities: Option<Vec<Symbol>>, // TODO: Add accessor fns
@@ -1046,6 +1049,7 @@ pub(crate) mod test_util {
             source: None,
             target: None,
             max_message_size: 0,
+            decode_messages: true,
             offered_capabilities: None,
             desired_capabilities: None,
             remote_offered_capabilities: None,

@@ -190,7 +190,7 @@ where
         let (result, mode) = if settled_by_sender {
             // If the message is pre-settled, there is no need to
             // add to the unsettled map and no need to reply to the Sender
-            let result = T::decode_message_from_reader(payload.into_reader());
+            let result = self.decode(payload);
             (result, None)
         } else {
             // If the message is being sent settled by the sender, the value of this
@@ -209,7 +209,7 @@ where
                 None => None,
             };
 
-            let result = T::decode_message_from_reader(payload.into_reader());
+            let result = self.decode(payload);
 
             let state = DeliveryState::Received(Received {
                 section_number, // What is section number?
@@ -469,6 +469,25 @@ impl ReceiverLink<Target> {
 }
 
 impl<T> ReceiverLink<T> {
+    /// Decodes a complete message, unless the link was asked to hand over
+    /// payloads undecoded (then the "error" carries the payload onwards).
+    fn decode<'a, B, P>(
+        &self,
+        payload: P,
+    ) -> Result<fe2o3_amqp_types::messaging::Message<B>, serde_amqp::Error>
+    where
+        for<'de> B: FromBody<'de>,
+        P: IntoReader<'a>,
+    {
+        if self.decode_messages {
+            B::decode_message_from_reader(payload.into_reader())
+        } else {
+            Err(serde_amqp::Error::Message(
+                "left undecoded for the application".to_owned(),
+            ))
+        }
+    }
+
     fn handle_unsettled_in_attach(
         &mut self,
         remote_unsettled: Option<OrderedMap<DeliveryTag, Option<DeliveryState>>>,

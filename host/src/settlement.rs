@@ -1,8 +1,11 @@
-//! From what a handler call produced to the outcome a plan is made from.
+//! The settlement contract ([`wharf_core::settlement`]), and the rules for
+//! turning what a handler call produced (or why it produced nothing) into
+//! the [`Outcome`] a plan is made from.
 
 use std::time::Duration;
 
-use super::Outcome;
+pub use wharf_core::settlement::*;
+
 use crate::sandbox::{self, Failure};
 
 /// What one handler call produced: the outcome it returned, or why it

@@ -2,12 +2,75 @@
 //! values (an `amqp-value` map, `amqp-sequence` sections, a list-valued
 //! property) reach it as JSON text, so every language can read them.
 
-use fe2o3_amqp::types::messaging::{Body, MessageId};
-use fe2o3_amqp::types::primitives::Value;
+use fe2o3_amqp_types::messaging::{Body, MessageId};
+use fe2o3_amqp_types::primitives::Value;
 use serde_json::{Map, Value as Json};
 
 use super::AmqpMessage;
-use crate::sandbox;
+
+/// What the handler sees of a delivery: the WIT `delivery` record, built
+/// here and lowered into the sandbox by the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// The body's bytes (structured bodies as JSON).
+    pub body: Vec<u8>,
+    /// `properties.content-type`, or `application/json` for a body
+    /// rendered as JSON.
+    pub content_type: Option<String>,
+    /// `properties.subject`.
+    pub subject: Option<String>,
+    /// `properties.message-id` as text.
+    pub message_id: Option<String>,
+    /// `properties.correlation-id` as text.
+    pub correlation_id: Option<String>,
+    /// `properties.reply-to`.
+    pub reply_to: Option<String>,
+    /// Application properties, in the order they arrived.
+    pub properties: Vec<Property>,
+    /// The subscription address.
+    pub address: String,
+    /// The tenant's name.
+    pub tenant: String,
+    /// The mount's name.
+    pub mount: String,
+    /// The attempt number.
+    pub attempt: u32,
+    /// Whether the delivery arrived settled.
+    pub presettled: bool,
+}
+
+/// One application property as the handler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Property {
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: PropertyValue,
+}
+
+/// An application property's value: simple AMQP types as themselves,
+/// anything else as JSON text (`other`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PropertyValue {
+    /// `string`, `symbol` or `char`.
+    String(String),
+    /// A signed integer.
+    Int(i64),
+    /// An unsigned integer.
+    Uint(u64),
+    /// `float` or `double`.
+    Float(f64),
+    /// `boolean`.
+    Boolean(bool),
+    /// `binary`.
+    Bytes(Vec<u8>),
+    /// Milliseconds since the Unix epoch.
+    Timestamp(i64),
+    /// `null`.
+    Null,
+    /// Anything else, as JSON text.
+    Other(String),
+}
 
 /// The content type a handler sees for a body the host rendered as JSON,
 /// when the message names none.
@@ -29,13 +92,13 @@ pub struct DeliveryContext<'a> {
 }
 
 /// What the handler sees of a delivery.
-pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> sandbox::Delivery {
+pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> Delivery {
     let properties = message.properties.as_ref();
     let (body, rendered) = body_bytes(&message.body);
     let content_type = properties
         .and_then(|p| p.content_type.as_ref().map(|s| s.0.clone()))
         .or_else(|| rendered.then(|| JSON_CONTENT_TYPE.to_owned()));
-    sandbox::Delivery {
+    Delivery {
         body,
         content_type,
         subject: properties.and_then(|p| p.subject.clone()),
@@ -46,7 +109,7 @@ pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> sandb
             .application_properties
             .iter()
             .flatten()
-            .map(|(key, value)| sandbox::Property {
+            .map(|(key, value)| Property {
                 key: key.clone(),
                 value: property_value(value),
             })
@@ -88,8 +151,8 @@ pub(super) fn body_bytes(body: &Body<Value>) -> (Vec<u8>, bool) {
     }
 }
 
-fn property_value(value: &Value) -> sandbox::Value {
-    use sandbox::Value as V;
+fn property_value(value: &Value) -> PropertyValue {
+    use PropertyValue as V;
     match value {
         Value::Null => V::Null,
         Value::Bool(b) => V::Boolean(*b),

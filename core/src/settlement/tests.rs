@@ -481,3 +481,140 @@ fn at_most_once_outputs_are_published_after_the_fact() {
         presettled(Some(Publish::Outputs), true)
     );
 }
+
+/// What follows a plan's publish: every plan kind against every answer.
+mod after_publish_vectors {
+    use super::*;
+
+    fn refused() -> Published {
+        Published::Refused {
+            reason: "amqp:not-found".to_owned(),
+        }
+    }
+
+    fn not_sent() -> Published {
+        Published::NotSent {
+            reason: "no credit".to_owned(),
+        }
+    }
+
+    fn unknown() -> Published {
+        Published::Unknown {
+            reason: "no answer".to_owned(),
+        }
+    }
+
+    fn outputs_then_accept(keep: Disposition) -> Plan {
+        publish_then(Publish::Outputs, Disposition::Accepted, keep)
+    }
+
+    fn retry(reason: &str) -> AfterPublish {
+        AfterPublish::Retry {
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn settle(d: Disposition) -> AfterPublish {
+        AfterPublish::Settle(Some(d))
+    }
+
+    #[test]
+    fn accepted_outputs_accept_the_delivery() {
+        let plan = outputs_then_accept(Disposition::Modified);
+        assert_eq!(
+            after_publish(&plan, &Published::Accepted),
+            settle(Disposition::Accepted)
+        );
+    }
+
+    #[test]
+    fn refused_or_unsent_outputs_are_a_failed_attempt() {
+        let plan = outputs_then_accept(Disposition::Modified);
+        assert_eq!(after_publish(&plan, &refused()), retry("amqp:not-found"));
+        assert_eq!(after_publish(&plan, &not_sent()), retry("no credit"));
+    }
+
+    #[test]
+    fn outputs_of_unknown_fate_are_handed_back_to_the_broker() {
+        for keep in [Disposition::Modified, Disposition::Released] {
+            let plan = outputs_then_accept(keep);
+            assert_eq!(after_publish(&plan, &unknown()), settle(keep));
+        }
+    }
+
+    #[test]
+    fn a_copy_or_dead_letter_not_accepted_keeps_the_delivery() {
+        for publish in [Publish::DeadLetter, copy_of(1, Duration::ZERO)] {
+            let plan = publish_then(publish, Disposition::Accepted, Disposition::Modified);
+            assert_eq!(
+                after_publish(&plan, &Published::Accepted),
+                settle(Disposition::Accepted)
+            );
+            for failed in [refused(), not_sent(), unknown()] {
+                assert_eq!(
+                    after_publish(&plan, &failed),
+                    settle(Disposition::Modified),
+                    "{publish:?} {failed:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_retry_after_original_is_settled_as_the_mount_says_once_its_copy_is_in() {
+        let plan = publish_then(
+            copy_of(1, Duration::from_secs(2)),
+            Disposition::Rejected,
+            Disposition::Released,
+        );
+        assert_eq!(
+            after_publish(&plan, &Published::Accepted),
+            settle(Disposition::Rejected)
+        );
+        assert_eq!(
+            after_publish(&plan, &unknown()),
+            settle(Disposition::Released)
+        );
+    }
+
+    #[test]
+    fn at_most_once_nothing_is_left_to_settle() {
+        let plan = Plan::Presettled {
+            publish: Some(Publish::Outputs),
+            unsupported: false,
+        };
+        for answer in [Published::Accepted, refused(), not_sent(), unknown()] {
+            assert_eq!(after_publish(&plan, &answer), AfterPublish::Settle(None));
+        }
+    }
+
+    proptest! {
+        /// Whatever is answered, a delivery that must not be lost is never
+        /// settled as done unless its publish was accepted, and a failed
+        /// attempt only ever comes from an ack's outputs.
+        #[test]
+        fn nothing_owed_is_lost(
+            then in prop_oneof![Just(Disposition::Accepted), Just(Disposition::Rejected)],
+            keep in prop_oneof![Just(Disposition::Modified), Just(Disposition::Released)],
+            publish in prop_oneof![
+                Just(Publish::DeadLetter),
+                Just(Publish::Outputs),
+                (1u32..5, 0u64..5000).prop_map(|(n, ms)| Publish::Copy {
+                    retry_count: n,
+                    delay: Duration::from_millis(ms),
+                    path: DelayPath::Scheduled,
+                }),
+            ],
+            answer in 0usize..4,
+        ) {
+            let plan = publish_then(publish, then, keep);
+            let answer = [Published::Accepted, refused(), not_sent(), unknown()][answer].clone();
+            let next = after_publish(&plan, &answer);
+            match (&answer, &next) {
+                (Published::Accepted, AfterPublish::Settle(d)) => prop_assert_eq!(*d, Some(then)),
+                (_, AfterPublish::Retry { .. }) => prop_assert_eq!(publish, Publish::Outputs),
+                (_, AfterPublish::Settle(d)) => prop_assert_eq!(*d, Some(keep)),
+            }
+        }
+    }
+}

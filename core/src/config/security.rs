@@ -9,7 +9,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Checker, ConfigError};
-use crate::broker::Endpoint;
+use crate::endpoint::Endpoint;
+pub use crate::tls::TlsFiles;
 
 /// A password or token. It never shows itself: `Debug` prints `***`.
 #[derive(Clone, PartialEq, Eq)]
@@ -72,22 +73,6 @@ impl fmt::Display for SaslMechanism {
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
         })
     }
-}
-
-/// TLS to a broker (`amqps://` URLs). Paths are resolved against the
-/// config file's folder.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// PEM certificates of the CAs that may sign the broker's certificate;
-    /// `None` trusts the platform's CA store.
-    pub ca_file: Option<PathBuf>,
-    /// The name the broker's certificate must carry, when it is not the
-    /// URL's host.
-    pub server_name: Option<String>,
-    /// PEM client certificate chain for mutual TLS.
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of the client certificate.
-    pub key_file: Option<PathBuf>,
 }
 
 /// How wharf logs in to a broker.
@@ -337,7 +322,7 @@ impl Checker<'_> {
         at: &Spanned<T>,
         files: TlsFiles,
     ) -> Result<TlsFiles, ConfigError> {
-        match crate::broker::tls::client_config(&files) {
+        match crate::tls::client_config(&files) {
             Ok(_) => Ok(files),
             Err(e) => Err(self.invalid(at, format!("{here}: [tls]: {e}"))),
         }

@@ -1,11 +1,11 @@
-use fe2o3_amqp::types::messaging::{
+use fe2o3_amqp_types::messaging::{
     AmqpSequence, AmqpValue, ApplicationProperties, Batch, Data, Header, MessageAnnotations,
     Properties,
 };
-use fe2o3_amqp::types::primitives::{Binary, OrderedMap, SimpleValue};
+use fe2o3_amqp_types::primitives::{Binary, OrderedMap, SimpleValue};
 
+use super::view::PropertyValue;
 use super::*;
-use crate::sandbox;
 
 fn message() -> AmqpMessage {
     Message::builder()
@@ -94,6 +94,71 @@ fn a_copy_keeps_the_header_but_not_its_count() {
 }
 
 #[test]
+fn a_copy_leaves_what_the_broker_and_producer_said_of_the_original_behind() {
+    let mut m = message();
+    m.application_properties = Some(vec![
+        ("k".to_owned(), Value::String("v".into())),
+        (
+            ARTEMIS_DUPLICATE_ID.to_owned(),
+            Value::String("order-7".into()),
+        ),
+        (
+            "_AMQ_ORIG_ADDRESS".to_owned(),
+            Value::String("elsewhere".into()),
+        ),
+    ]);
+    let mut annotations = MessageAnnotations::builder().build();
+    for (key, value) in [
+        ("x-opt-delivery-delay", Value::Long(60_000)),
+        ("x-delivery-count", Value::Uint(4)),
+        ("x-opt-jms-msg-type", Value::Byte(5)),
+    ] {
+        annotations
+            .0
+            .insert(OwnedKey::Symbol(Symbol::from(key)), value);
+    }
+    m.message_annotations = Some(annotations);
+    let first = m.copy(1, None);
+    assert_eq!(
+        first.property(ARTEMIS_DUPLICATE_ID),
+        Some(&Value::String("order-7#retry-1".into()))
+    );
+    assert_eq!(first.property("_AMQ_ORIG_ADDRESS"), None);
+    assert_eq!(first.property("k"), Some(&Value::String("v".into())));
+    let kept: Vec<String> = first
+        .message_annotations
+        .iter()
+        .flat_map(|a| a.0.keys())
+        .map(|k| format!("{k:?}"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].contains("x-opt-jms-msg-type"), "{kept:?}");
+    assert_eq!(first.counters().attempt(), 2);
+    // The next copy's id is its own too, not a chain of suffixes.
+    assert_eq!(
+        first.copy(2, None).property(ARTEMIS_DUPLICATE_ID),
+        Some(&Value::String("order-7#retry-2".into()))
+    );
+}
+
+#[test]
+fn identity_tells_messages_sharing_an_id_apart() {
+    let m = message();
+    let mut other = message();
+    other.body = Body::Value(AmqpValue(Value::String("different".into())));
+    assert_ne!(m.identity(), other.identity());
+    assert_eq!(m.identity(), message().identity());
+    assert!(m.identity().starts_with("m-1#"), "{}", m.identity());
+    // A redelivery differs only in its header: the same identity.
+    let mut redelivered = message();
+    redelivered.header = Some(Header {
+        delivery_count: 3,
+        ..Header::default()
+    });
+    assert_eq!(m.identity(), redelivered.identity());
+}
+
+#[test]
 fn a_scheduled_copy_carries_its_delivery_time() {
     let due = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
     let c = message().copy(1, Some(due));
@@ -117,7 +182,7 @@ fn encoding_then_decoding_gives_the_message_back() {
     assert_eq!(AmqpMessage::decode(&bytes).expect("decode"), m);
     // fe2o3's own decoder reads what we write.
     let typed: Message<Body<Value>> = serde_amqp::from_slice::<
-        fe2o3_amqp::types::messaging::message::__private::Deserializable<_>,
+        fe2o3_amqp_types::messaging::message::__private::Deserializable<_>,
     >(&bytes)
     .map(|d| d.0)
     .expect("typed decode");
@@ -144,7 +209,7 @@ fn properties_of_any_type_decode_and_reach_the_handler_as_json() {
         .iter()
         .map(|p| {
             let text = match &p.value {
-                sandbox::Value::Other(text) | sandbox::Value::String(text) => text.clone(),
+                PropertyValue::Other(text) | PropertyValue::String(text) => text.clone(),
                 other => panic!("unexpected {}", describe(other)),
             };
             (p.key.clone(), text)
@@ -160,17 +225,17 @@ fn properties_of_any_type_decode_and_reach_the_handler_as_json() {
     );
 }
 
-fn describe(value: &sandbox::Value) -> &'static str {
+fn describe(value: &PropertyValue) -> &'static str {
     match value {
-        sandbox::Value::String(_) => "string",
-        sandbox::Value::Int(_) => "int",
-        sandbox::Value::Uint(_) => "uint",
-        sandbox::Value::Float(_) => "float",
-        sandbox::Value::Boolean(_) => "boolean",
-        sandbox::Value::Bytes(_) => "bytes",
-        sandbox::Value::Timestamp(_) => "timestamp",
-        sandbox::Value::Null => "null",
-        sandbox::Value::Other(_) => "other",
+        PropertyValue::String(_) => "string",
+        PropertyValue::Int(_) => "int",
+        PropertyValue::Uint(_) => "uint",
+        PropertyValue::Float(_) => "float",
+        PropertyValue::Boolean(_) => "boolean",
+        PropertyValue::Bytes(_) => "bytes",
+        PropertyValue::Timestamp(_) => "timestamp",
+        PropertyValue::Null => "null",
+        PropertyValue::Other(_) => "other",
     }
 }
 
@@ -208,13 +273,13 @@ fn handler_sees_body_and_properties() {
     assert_eq!(d.message_id.as_deref(), Some("m-1"));
     assert_eq!(d.properties.len(), 1);
     assert_eq!(d.properties[0].key, "k");
-    assert!(matches!(&d.properties[0].value, sandbox::Value::String(s) if s == "v"));
+    assert!(matches!(&d.properties[0].value, PropertyValue::String(s) if s == "v"));
 }
 
 #[test]
 fn garbage_is_a_decode_failure_that_says_where() {
     let error = AmqpMessage::decode(&[0x00, 0x53, 0x70, 0xff]).expect_err("garbage");
-    assert!(error.0.contains("section 1"), "{error}");
+    assert!(error.0.contains("byte 3"), "{error}");
     let not_described = serde_amqp::to_vec(&Value::Int(3)).expect("encode");
     let error = AmqpMessage::decode(&not_described).expect_err("bare value");
     assert!(error.0.contains("not a described"), "{error}");
@@ -254,4 +319,37 @@ fn annotations_that_do_not_decode_travel_on_as_they_arrived() {
     let copy = message.copy(1, Some(due));
     assert!(copy.unread.is_empty());
     assert!(copy.message_annotations.is_some());
+}
+
+#[test]
+fn an_annotation_is_added_and_every_other_section_stays_as_it_was() {
+    let mut with_header = message();
+    with_header.header = Some(Header {
+        durable: true,
+        ..Header::default()
+    });
+    let payload = with_header.encode().expect("encode");
+    let annotated = annotate(&payload, "x-opt-why", "because").expect("annotated");
+    let decoded = AmqpMessage::decode(&annotated).expect("decode");
+    let why = decoded
+        .message_annotations
+        .as_ref()
+        .and_then(|a| a.0.get(&OwnedKey::Symbol(Symbol::from("x-opt-why"))));
+    assert_eq!(why, Some(&Value::String("because".into())));
+    assert_eq!(
+        AmqpMessage {
+            message_annotations: None,
+            ..decoded
+        },
+        with_header
+    );
+    // Once more, into the annotations now there: one section, two keys.
+    let twice = annotate(&annotated, "x-opt-more", "yes").expect("annotated");
+    let sections = limits::sections(&twice).expect("sections");
+    let codes: Vec<u64> = sections.iter().map(|(code, _)| *code).collect();
+    assert_eq!(codes, [0x70, 0x72, 0x73, 0x74, 0x77]);
+    let decoded = AmqpMessage::decode(&twice).expect("decode");
+    assert_eq!(decoded.message_annotations.expect("annotations").0.len(), 2);
+    // What has no sections to find travels as it is.
+    assert_eq!(annotate(&[0x00, 0x53, 0x75, 0xa0, 0x10], "k", "v"), None);
 }

@@ -566,12 +566,12 @@ fn send_grants_and_output_limits_parse() {
         grants.send,
         vec![AddressPattern::new("a.*"), AddressPattern::new("audit")]
     );
-    assert!(grants.reply);
+    assert_eq!(grants.reply, ReplyGrant::Any);
     assert_eq!(grants.outputs.max_outputs, 3);
     assert_eq!(grants.outputs.max_output_bytes, 4096);
     let (_, other) = config.mounts().nth(1).expect("b's mount");
     assert!(
-        other.grants.send.is_empty() && !other.grants.reply,
+        other.grants.send.is_empty() && !other.grants.reply.granted(),
         "deny by default"
     );
     assert_eq!(other.grants.outputs, OutputLimits::default());

@@ -3,16 +3,11 @@
 //! [`plan`] is a pure function from what is known about a delivery and its
 //! mount to a [`Plan`]: which disposition to send, what to publish first, and
 //! what to fall back to if that publish fails. The broker side carries plans
-//! out; nothing here knows about sockets or wasm. [`outcome_of`] holds the
-//! rules for turning what the handler did (or failed to do) into an
-//! [`Outcome`].
-
-mod outcome;
+//! out; nothing here knows about sockets or wasm.
 
 use std::time::Duration;
 
 use crate::config::Settle;
-pub use outcome::{HandlerResult, outcome_of};
 
 /// The application property that counts the host's retry copies.
 pub const RETRY_COUNT_PROPERTY: &str = "x-ruststream-retry-count";
@@ -119,7 +114,7 @@ pub struct Policy {
 impl Policy {
     /// What hands a delivery back to the broker when what the host owed
     /// before settling it could not be published.
-    fn keep(&self) -> Disposition {
+    pub fn keep(&self) -> Disposition {
         if self.modified_supported {
             Disposition::Modified
         } else {
@@ -215,6 +210,90 @@ impl Plan {
                 ..
             }
         )
+    }
+}
+
+/// What became of a message the host published: the broker's answer, as
+/// far as the host can know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// The broker took it (`accepted`, or a committed transaction).
+    Accepted,
+    /// The broker said no: a `rejected`, `released` or `modified` outcome,
+    /// a refused link to the address, a message too large for it. Trying
+    /// the same publish again would most likely meet the same answer.
+    Refused {
+        /// What the broker said, in its words where it gave any.
+        reason: String,
+    },
+    /// It never reached the broker: no credit in time, no link, no session.
+    /// The broker holds no copy of it.
+    NotSent {
+        /// Why.
+        reason: String,
+    },
+    /// It went out, but no answer came back (a time-out, a link that died
+    /// after the transfer): the broker may or may not hold it.
+    Unknown {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Published {
+    /// Why the publish did not go through, if it did not.
+    pub fn failure(&self) -> Option<&str> {
+        match self {
+            Published::Accepted => None,
+            Published::Refused { reason }
+            | Published::NotSent { reason }
+            | Published::Unknown { reason } => Some(reason),
+        }
+    }
+}
+
+/// What follows once the publish a plan owed is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterPublish {
+    /// Send this disposition (or, at most once, nothing more).
+    Settle(Option<Disposition>),
+    /// The handler's `ack` cannot stand: its outputs can never be
+    /// delivered. Plan the delivery again as a failed attempt (`retry`), so
+    /// `max_attempts` and the dead-letter address apply, with this reason.
+    Retry {
+        /// Why the outputs were not delivered.
+        reason: String,
+    },
+}
+
+/// What becomes of a delivery whose plan published something, given what
+/// became of that publish. The one place a delivery's fate is decided after
+/// its handler returned:
+///
+/// - accepted: the plan's own disposition;
+/// - an `ack`'s outputs refused, or never sent: a failed attempt;
+/// - an `ack`'s outputs of unknown fate: handed back to the broker (which
+///   counts it) rather than counted by the host, since the broker may hold
+///   them and a dead letter would then be wrong;
+/// - a copy or dead letter not accepted, whatever the reason: handed back,
+///   so the delivery is never lost.
+pub fn after_publish(plan: &Plan, published: &Published) -> AfterPublish {
+    match *plan {
+        Plan::Settle(disposition) => AfterPublish::Settle(Some(disposition)),
+        Plan::Presettled { .. } => AfterPublish::Settle(None),
+        Plan::PublishThenSettle {
+            publish,
+            then,
+            otherwise,
+        } => match (published, publish) {
+            (Published::Accepted, _) => AfterPublish::Settle(Some(then)),
+            (Published::Refused { reason } | Published::NotSent { reason }, Publish::Outputs) => {
+                AfterPublish::Retry {
+                    reason: reason.clone(),
+                }
+            }
+            _ => AfterPublish::Settle(Some(otherwise)),
+        },
     }
 }
 

@@ -17,11 +17,30 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::backoff::BackoffPolicy;
-use crate::sandbox::{
-    AddressPattern, Grants, HttpGrants, HttpPattern, InstancePolicy, Output, OutputLimits,
+use crate::grants::{
+    AddressOwners, AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
+    ReplyGrant,
 };
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_duration, parse_size};
+
+/// Whether an instance serves one delivery or several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InstancePolicy {
+    /// A fresh instance per delivery: nothing a handler leaves in memory
+    /// reaches the next delivery.
+    #[default]
+    PerDelivery,
+    /// Keep an instance after a successful call and give it later deliveries
+    /// of the same mount. Saves instantiation (large for JS and Python) at
+    /// the cost of isolation between those deliveries.
+    Reuse {
+        /// Deliveries one instance serves before it is replaced.
+        max_uses: u32,
+        /// How long an unused instance is kept.
+        max_idle: Duration,
+    },
+}
 
 /// A configuration that could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -185,7 +204,7 @@ impl Broker {
     pub fn display(&self) -> String {
         self.urls
             .iter()
-            .map(|url| crate::broker::redact(url))
+            .map(|url| crate::endpoint::redact(url))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -489,8 +508,20 @@ struct RawGrants {
     output: Output,
     send: Option<Spanned<Vec<String>>>,
     #[serde(default)]
-    reply: bool,
+    reply: RawReply,
     http: Option<Spanned<Vec<String>>>,
+}
+
+/// `grants.reply`: `true`, `false`, or the address patterns replies may go
+/// to.
+#[derive(Deserialize, Default)]
+#[serde(untagged)]
+enum RawReply {
+    #[default]
+    #[serde(skip)]
+    Unset,
+    Granted(bool),
+    To(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -685,6 +716,26 @@ impl Config {
         })
     }
 
+    /// The addresses each tenant owns (its mounts' addresses, their
+    /// dead-letter addresses, its send grants), which no other tenant's
+    /// reply may reach.
+    pub fn address_owners(&self) -> AddressOwners {
+        AddressOwners::new(self.tenants.iter().map(|tenant| {
+            let owned = tenant
+                .mounts
+                .iter()
+                .flat_map(|mount| {
+                    [Some(&mount.address), mount.dead_letter.as_ref()]
+                        .into_iter()
+                        .flatten()
+                        .map(AddressPattern::new)
+                        .chain(mount.grants.send.iter().cloned())
+                })
+                .collect();
+            (tenant.name.clone(), owned)
+        }))
+    }
+
     /// Every mount with the name of its tenant.
     pub fn mounts(&self) -> impl Iterator<Item = (&Tenant, &Mount)> {
         self.tenants
@@ -740,7 +791,7 @@ impl Checker<'_> {
         }
         let mut endpoints = Vec::with_capacity(urls.len());
         for url in &urls {
-            match crate::broker::Endpoint::parse(url) {
+            match crate::endpoint::Endpoint::parse(url) {
                 Ok(endpoint) => endpoints.push(endpoint),
                 Err(why) => return Err(self.invalid(&raw.url, format!("{here}: `url`: {why}"))),
             }
@@ -1063,7 +1114,13 @@ impl Checker<'_> {
                 .into_iter()
                 .map(AddressPattern::new)
                 .collect(),
-            reply: raw.reply,
+            reply: match raw.reply {
+                RawReply::Unset | RawReply::Granted(false) => ReplyGrant::Denied,
+                RawReply::Granted(true) => ReplyGrant::Any,
+                RawReply::To(patterns) => {
+                    ReplyGrant::To(patterns.into_iter().map(AddressPattern::new).collect())
+                }
+            },
             outputs,
             http,
         })

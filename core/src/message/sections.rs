@@ -3,17 +3,18 @@
 //! lists, maps, arrays or described values).
 
 use bytes::Bytes;
-use fe2o3_amqp::types::messaging::{
+use fe2o3_amqp_types::messaging::{
     AmqpSequence, AmqpValue, Batch, Body, Data, DeliveryAnnotations, Footer, Header,
     MessageAnnotations, Properties,
 };
-use fe2o3_amqp::types::primitives::{OrderedMap, Value};
+use fe2o3_amqp_types::primitives::{OrderedMap, Value};
 use serde_amqp::described::Described;
 use serde_amqp::descriptor::Descriptor;
 use serde_amqp::lazy::LazyValue;
 use serde_amqp::read::{Read as _, SliceReader};
 
 use super::AmqpMessage;
+use super::limits::{self, ValueLimits};
 
 /// A message that is not AMQP: what is wrong with it, for the
 /// `amqp:decode-error` the host rejects it with.
@@ -45,6 +46,9 @@ const NAMES: [(&str, u64); 9] = [
 ];
 
 pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
+    // Nothing is decoded until the whole payload is known to be within the
+    // limits: decoding recurses once per level of nesting.
+    limits::check(payload, ValueLimits::DEFAULT).map_err(|e| DecodeFailure(e.to_string()))?;
     let mut message = AmqpMessage {
         header: None,
         delivery_annotations: None,

@@ -97,7 +97,7 @@ impl fmt::Debug for Endpoint {
 }
 
 /// `text` with `%XX` escapes decoded; `None` when the result is not UTF-8.
-pub(crate) fn percent_decode(text: &str) -> Option<String> {
+pub fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -6,22 +6,26 @@
 //! there, but clients send lists and maps anyway, and a message must never
 //! be lost because it says more than the spec allows.
 
-mod output;
+pub mod limits;
 mod sections;
 mod view;
 
 use std::time::{Duration, SystemTime};
 
-use fe2o3_amqp::types::messaging::annotations::OwnedKey;
-use fe2o3_amqp::types::messaging::{
+use fe2o3_amqp_types::messaging::annotations::OwnedKey;
+use fe2o3_amqp_types::messaging::{
     Body, DeliveryAnnotations, Footer, Header, Message, MessageAnnotations, Properties,
 };
-use fe2o3_amqp::types::primitives::{Symbol, Value};
+use fe2o3_amqp_types::primitives::{Symbol, Value};
 
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
-pub use output::ARTEMIS_DUPLICATE_ID;
+use limits::ValueLimits;
 pub use sections::DecodeFailure;
-pub use view::{DeliveryContext, to_delivery};
+pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};
+
+/// The application property Artemis detects duplicates by: a second
+/// message with the same value on an address is dropped.
+pub const ARTEMIS_DUPLICATE_ID: &str = "_AMQ_DUPL_ID";
 
 /// The annotation RabbitMQ uses for its redelivery count where the header's
 /// `delivery-count` stays empty (quorum queues).
@@ -137,22 +141,39 @@ impl AmqpMessage {
     /// it until then. The header is kept (durable, priority and TTL survive
     /// a broker restart) with its delivery count at zero: the retry count
     /// carries the attempts on.
+    ///
+    /// A copy is a new message, so what a broker or producer said of the
+    /// original alone stays behind: the broker's reserved properties
+    /// (Artemis would drop a copy carrying the original's `_AMQ_DUPL_ID` as
+    /// a duplicate), the producer's scheduling and the broker's delivery
+    /// counters among the annotations, and annotations the host cannot
+    /// read. A duplicate-detection id the original carried becomes one of
+    /// the copy's own, the same for every copy of that original at that
+    /// retry count: a copy published twice (a crash between publishing it
+    /// and settling its original) is still dropped once.
     pub fn copy(&self, retry_count: u32, due: Option<SystemTime>) -> AmqpMessage {
         let mut properties = self.application_properties.clone().unwrap_or_default();
-        properties.retain(|(key, _)| key != RETRY_COUNT_PROPERTY);
-        properties.push((RETRY_COUNT_PROPERTY.to_owned(), Value::Uint(retry_count)));
-        let annotations = self.message_annotations.clone();
-        // Unreadable annotations travel on, unless the copy needs a
-        // delivery time among them.
-        let mut unread: Vec<(u64, bytes::Bytes)> = self
-            .unread
+        let duplicate_id = properties
             .iter()
-            .filter(|(code, _)| *code == sections::MESSAGE_ANNOTATIONS && due.is_none())
-            .cloned()
-            .collect();
-        if due.is_some() {
-            unread.clear();
+            .find(|(key, _)| key == ARTEMIS_DUPLICATE_ID)
+            .map(|(_, value)| copy_duplicate_id(value, retry_count));
+        properties.retain(|(key, _)| key != RETRY_COUNT_PROPERTY && !reserved_property(key));
+        properties.push((RETRY_COUNT_PROPERTY.to_owned(), Value::Uint(retry_count)));
+        if let Some(id) = duplicate_id {
+            properties.push((ARTEMIS_DUPLICATE_ID.to_owned(), Value::String(id)));
         }
+        let annotations = self
+            .message_annotations
+            .clone()
+            .and_then(|mut annotations| {
+                annotations.0.as_inner_mut().retain(|key, _| match key {
+                    OwnedKey::Symbol(symbol) => {
+                        !NOT_COPIED_ANNOTATIONS.contains(&symbol.0.as_str())
+                    }
+                    OwnedKey::Ulong(_) => true,
+                });
+                (!annotations.0.is_empty()).then_some(annotations)
+            });
         let mut copy = AmqpMessage {
             header: self.header.as_ref().map(|header| Header {
                 delivery_count: 0,
@@ -165,7 +186,7 @@ impl AmqpMessage {
             application_properties: Some(properties),
             body: self.body.clone(),
             footer: None,
-            unread,
+            unread: Vec::new(),
         };
         if let Some(due) = due {
             copy.schedule(due);
@@ -173,9 +194,47 @@ impl AmqpMessage {
         copy
     }
 
+    /// What tells this message from any other, the same on every
+    /// redelivery: its message-id (if any) and a digest of its bare
+    /// message (properties, application properties, body). Two messages
+    /// that reuse a message-id for different content differ; two that are
+    /// the same in every section but the header are one.
+    pub fn identity(&self) -> String {
+        use sha2::{Digest as _, Sha256};
+        let mut digest = Sha256::new();
+        let bare = AmqpMessage {
+            header: None,
+            delivery_annotations: None,
+            message_annotations: None,
+            footer: None,
+            unread: Vec::new(),
+            properties: self.properties.clone(),
+            application_properties: self.application_properties.clone(),
+            body: Body::Empty,
+        };
+        // The body is the large part: digested as encoded, not copied.
+        for part in [
+            bare.encode().ok(),
+            serde_amqp::to_vec(&self.body).ok().map(Into::into),
+        ] {
+            match part {
+                Some(encoded) => digest.update(&encoded),
+                None => digest.update(view::body_bytes(&self.body).0),
+            }
+        }
+        let hex: String = digest.finalize()[..12]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        match self.message_id() {
+            Some(id) => format!("{id}#{hex}"),
+            None => format!("sha256:{hex}"),
+        }
+    }
+
     /// Asks a broker that schedules messages (Artemis) to deliver this one
     /// no sooner than `due`.
-    fn schedule(&mut self, due: SystemTime) {
+    pub fn schedule(&mut self, due: SystemTime) {
         let millis = due
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or(Duration::ZERO)
@@ -190,6 +249,86 @@ impl AmqpMessage {
                 Value::Long(at),
             );
     }
+}
+
+/// `payload`, a message as it arrived, with the message annotation `key`
+/// set to the string `value`: every other section stays byte for byte as
+/// it was. `None` when the payload's sections cannot be found, or its
+/// annotations cannot be read within the limits (then it must travel as it
+/// is).
+pub fn annotate(payload: &[u8], key: &str, value: &str) -> Option<bytes::Bytes> {
+    let sections = limits::sections(payload)?;
+    let existing = sections
+        .iter()
+        .find(|(code, _)| *code == sections::MESSAGE_ANNOTATIONS);
+    let mut annotations = match existing {
+        Some((_, range)) => {
+            let bytes = &payload[range.clone()];
+            limits::check(bytes, ValueLimits::DEFAULT).ok()?;
+            serde_amqp::from_slice::<MessageAnnotations>(bytes).ok()?
+        }
+        None => MessageAnnotations::builder().build(),
+    };
+    annotations.0.insert(
+        OwnedKey::Symbol(Symbol::from(key)),
+        Value::String(value.to_owned()),
+    );
+    let encoded = serde_amqp::to_vec(&annotations).ok()?;
+    // Annotations go after the header and delivery annotations.
+    let (at, skip) = match existing {
+        Some((_, range)) => (range.start, range.len()),
+        None => (
+            sections
+                .iter()
+                .find(|(code, _)| *code > sections::MESSAGE_ANNOTATIONS)
+                .map_or(payload.len(), |(_, range)| range.start),
+            0,
+        ),
+    };
+    let mut out = Vec::with_capacity(payload.len() + encoded.len());
+    out.extend_from_slice(&payload[..at]);
+    out.extend_from_slice(&encoded);
+    out.extend_from_slice(&payload[at + skip..]);
+    Some(bytes::Bytes::from(out))
+}
+
+/// Message annotations a copy does not carry: the producer's scheduling
+/// (Artemis, ActiveMQ Classic, Qpid Broker-J) and the broker's delivery
+/// counters (RabbitMQ). A copy is due when the host says, and counted by
+/// its retry count.
+pub const NOT_COPIED_ANNOTATIONS: &[&str] = &[
+    DELIVERY_TIME_ANNOTATION,
+    "x-opt-delivery-delay",
+    "x-opt-delivery-repeat",
+    "x-opt-delivery-period",
+    "x-qpid-not-valid-before",
+    DELIVERY_COUNT_ANNOTATION,
+    ACQUIRED_COUNT_ANNOTATION,
+    "x-first-acquirer",
+];
+
+/// Whether `key` is an application property a broker reserves for itself
+/// (Artemis's `_AMQ_` and `_HQ_` properties: duplicate detection, routing,
+/// last-value and scheduling keys). Handlers may not set them, and copies
+/// do not carry the original's.
+pub fn reserved_property(key: &str) -> bool {
+    key.starts_with("_AMQ_") || key.starts_with("_HQ_")
+}
+
+/// The duplicate-detection id of a copy at `retry_count` of a message
+/// whose own id was `original` (itself perhaps a copy's).
+fn copy_duplicate_id(original: &Value, retry_count: u32) -> String {
+    let text = match original {
+        Value::String(s) => s.clone(),
+        Value::Symbol(s) => s.0.clone(),
+        Value::Binary(b) => b.iter().map(|byte| format!("{byte:02x}")).collect(),
+        other => view::to_json(other).to_string(),
+    };
+    let base = match text.rsplit_once("#retry-") {
+        Some((base, n)) if n.parse::<u32>().is_ok() => base,
+        _ => &text,
+    };
+    format!("{base}#retry-{retry_count}")
 }
 
 /// A counter, whichever integer type (or decimal text) the sender used.

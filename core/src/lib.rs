@@ -1,0 +1,20 @@
+//! wharf's pure core: what the host decides without a socket or a wasm
+//! engine, so it can be tested, fuzzed and read on its own.
+//!
+//! - [`config`]: the `wharf.toml` file, checked with line numbers;
+//! - [`settlement`]: the contract, a pure function from outcome to plan;
+//! - [`message`]: AMQP messages section by section, decoded within limits,
+//!   and what a handler sees of them;
+//! - [`grants`]: what a mount's handlers may reach (addresses, origins);
+//! - [`endpoint`], [`tls`]: where a broker is and how to trust it;
+//! - [`backoff`]: waits between attempts;
+//! - [`words`]: AMQP conditions and outcomes as a person reads them.
+
+pub mod backoff;
+pub mod config;
+pub mod endpoint;
+pub mod grants;
+pub mod message;
+pub mod settlement;
+pub mod tls;
+pub mod words;
