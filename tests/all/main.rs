@@ -4,6 +4,7 @@
 
 mod artemis;
 mod faults;
+mod hostile;
 mod http;
 mod languages;
 mod limits;

@@ -157,7 +157,11 @@ impl Client {
         payload: Vec<u8>,
     ) -> anyhow::Result<Outcome> {
         let sender = self.sender(address).await?;
-        Ok(sender.send_payload_batchable(payload.into()).await?.await?)
+        let answer = sender.send_payload_batchable(payload.into()).await?;
+        tokio::time::timeout(DEADLINE, answer)
+            .await
+            .with_context(|| format!("the broker did not answer a publish to {address}"))?
+            .map_err(Into::into)
     }
 
     /// Publishes many messages without waiting for each answer in turn, then
@@ -214,6 +218,18 @@ impl Client {
     pub async fn watch(&mut self, address: &str) -> anyhow::Result<Watcher> {
         let receiver = Receiver::attach(&mut self.session, unique("test-watch"), address).await?;
         Ok(Watcher { receiver })
+    }
+
+    /// A receiver on `address` that hands over each message's payload as
+    /// it arrived, decoding nothing (for messages no decoder should touch).
+    pub async fn watch_raw(&mut self, address: &str) -> anyhow::Result<RawWatcher> {
+        let receiver = Receiver::builder()
+            .name(unique("test-watch-raw"))
+            .source(address)
+            .decode_messages(false)
+            .attach(&mut self.session)
+            .await?;
+        Ok(RawWatcher { receiver })
     }
 
     /// How many messages an Artemis queue holds (0 if it does not exist),
@@ -397,6 +413,34 @@ impl Watcher {
             if message_id(&message).as_deref() == Some(id) {
                 return Ok((at, message));
             }
+        }
+    }
+
+    /// Stops watching.
+    pub async fn close(self) {
+        let _ = self.receiver.close().await;
+    }
+}
+
+/// Messages arriving on one address as their payloads, each accepted on
+/// receipt.
+pub struct RawWatcher {
+    receiver: Receiver,
+}
+
+impl RawWatcher {
+    /// The next message's payload, exactly as it arrived.
+    pub async fn next(&mut self) -> anyhow::Result<bytes::Bytes> {
+        let received = tokio::time::timeout(DEADLINE, self.receiver.recv::<Body<Value>>())
+            .await
+            .context("no message arrived in time")?;
+        match received {
+            Err(RecvError::MessageDecode(undecoded)) => {
+                self.receiver.accept(undecoded.info).await?;
+                Ok(undecoded.payload)
+            }
+            Ok(_) => bail!("a raw watcher decoded a message"),
+            Err(e) => Err(e.into()),
         }
     }
 

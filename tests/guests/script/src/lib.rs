@@ -18,7 +18,8 @@
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
 //! property `n` counting this delivery's outputs), `sends=N=ADDRESS` (N such
-//! messages), `reply` (the body prefixed `re:`), `pad=BYTES` (later outputs
+//! messages), `sendwith=KEY=ADDRESS` (as `send`, with the string property
+//! KEY), `reply` (the body prefixed `re:`), `pad=BYTES` (later outputs
 //! carry that many more bytes). Each must succeed or the delivery is dropped;
 //! `fails=ERROR` instead requires the effect before it to have failed with
 //! ERROR (`denied`, `too-many`, `too-large`, `no-reply-to`).
@@ -47,7 +48,7 @@ fn handle(d: Delivery) -> Outcome {
 /// A step's leading effects, and its action: only an effect's name takes
 /// a comma after it, so an action's argument may hold commas.
 fn split_effects(step: &str) -> (Vec<&str>, &str) {
-    const EFFECTS: [&str; 5] = ["send=", "sends=", "reply", "pad=", "fails="];
+    const EFFECTS: [&str; 6] = ["send=", "sends=", "sendwith=", "reply", "pad=", "fails="];
     let mut effects = Vec::new();
     let mut rest = step;
     while EFFECTS.iter().any(|e| rest.starts_with(e))
@@ -89,6 +90,12 @@ fn publish(d: &Delivery, effects: &[&str]) -> Result<(), String> {
         {
             let n: usize = n.parse().map_err(|_| format!("bad count in {effect}"))?;
             (0..n).try_for_each(|_| outbox::send(address, output()))
+        } else if let Some((key, address)) = effect
+            .strip_prefix("sendwith=")
+            .and_then(|rest| rest.split_once('='))
+        {
+            let message = output().with_property(key, Value::String("x".to_owned()));
+            outbox::send(address, message)
         } else if *effect == "reply" {
             let mut body = b"re:".to_vec();
             body.extend_from_slice(&d.body);
