@@ -75,9 +75,9 @@ enum Layout {
     Fixed(usize),
     /// A length of this many bytes, then that many bytes.
     Variable(usize),
-    /// A list or map: size and count of this width, then `count` values
-    /// each with its constructor.
-    Compound(usize),
+    /// A list (`false`) or map (`true`): size and count of this width,
+    /// then `count` values each with its constructor.
+    Compound(usize, bool),
     /// An array: size and count of this width, one constructor, then
     /// `count` values without one.
     Array(usize),
@@ -94,8 +94,10 @@ fn layout(code: u8) -> Option<Layout> {
         0x94 | 0x98 => Layout::Fixed(16),
         0xa0 | 0xa1 | 0xa3 => Layout::Variable(1),
         0xb0 | 0xb1 | 0xb3 => Layout::Variable(4),
-        0xc0 | 0xc1 => Layout::Compound(1),
-        0xd0 | 0xd1 => Layout::Compound(4),
+        0xc0 => Layout::Compound(1, false),
+        0xc1 => Layout::Compound(1, true),
+        0xd0 => Layout::Compound(4, false),
+        0xd1 => Layout::Compound(4, true),
         0xe0 => Layout::Array(1),
         0xf0 => Layout::Array(4),
         _ => return None,
@@ -243,12 +245,16 @@ pub fn check(payload: &[u8], limits: ValueLimits) -> Result<Vec<Range<usize>>, U
                     elements: None,
                 })
             }
-            Layout::Compound(width) => {
+            Layout::Compound(width, map) => {
                 let size = reader.length(width)?;
                 let end = reader.at.saturating_add(size);
                 let values = reader.number(width)?;
                 if end > payload.len() || values > size as u64 {
                     return Err(reader.malformed("a list or map larger than the payload"));
+                }
+                // Decoders take a map's entries two values at a time.
+                if map && values % 2 == 1 {
+                    return Err(reader.malformed("a map with an odd count of values"));
                 }
                 count(&mut items, values)?;
                 Some(Open {
@@ -265,11 +271,17 @@ pub fn check(payload: &[u8], limits: ValueLimits) -> Result<Vec<Range<usize>>, U
                     return Err(reader.malformed("an array larger than the payload"));
                 }
                 count(&mut items, values)?;
-                let elements = reader.element_constructor()?;
+                // An empty array may leave out its element constructor
+                // (serde_amqp writes it so).
+                let elements = if values == 0 && reader.at == end {
+                    None
+                } else {
+                    Some(reader.element_constructor()?)
+                };
                 Some(Open {
                     remaining: values,
                     end: Some(end),
-                    elements: Some(elements),
+                    elements,
                 })
             }
         };
@@ -313,7 +325,7 @@ pub fn sections(payload: &[u8]) -> Option<Vec<(u64, Range<usize>)>> {
             Layout::Fixed(width) => {
                 reader.take(width).ok()?;
             }
-            Layout::Variable(width) | Layout::Compound(width) | Layout::Array(width) => {
+            Layout::Variable(width) | Layout::Compound(width, _) | Layout::Array(width) => {
                 let len = reader.length(width).ok()?;
                 reader.take(len).ok()?;
             }
@@ -389,6 +401,30 @@ mod tests {
         assert!(matches!(
             check(&[0x00, 0x53, 0x77, 0x22], ValueLimits::DEFAULT),
             Err(Unreadable::Malformed { at: 3, .. })
+        ));
+    }
+
+    /// Found by fuzzing: an empty array re-encoded by serde_amqp has no
+    /// element constructor, and must still pass.
+    #[test]
+    fn an_empty_array_without_its_element_constructor_passes() {
+        let written = [0x00, 0x53, 0x77, 0xe0, 0x01, 0x00];
+        assert_eq!(check(&written, ValueLimits::DEFAULT), Ok(vec![0..6]));
+        let with_constructor = [0x00, 0x53, 0x77, 0xf0, 0, 0, 0, 5, 0, 0, 0, 0, 0x41];
+        assert_eq!(
+            check(&with_constructor, ValueLimits::DEFAULT),
+            Ok(vec![0..13])
+        );
+    }
+
+    /// Found by fuzzing: serde_amqp counts a map's entries down two at a
+    /// time, and underflows on an odd count.
+    #[test]
+    fn a_map_with_an_odd_count_is_malformed() {
+        let payload = [0x00, 0x53, 0x77, 0xc1, 0x02, 0x01, 0x40];
+        assert!(matches!(
+            check(&payload, ValueLimits::DEFAULT),
+            Err(Unreadable::Malformed { .. })
         ));
     }
 

@@ -1,0 +1,49 @@
+//! A transfer's payload, as any publisher may write it, through everything
+//! the host does with a message: the limits check, decoding, the handler's
+//! view (JSON rendering included), counters, copies, re-encoding, and the
+//! annotation a dead letter gets. Nothing may panic or recurse past the
+//! limits; what decodes must encode and decode to the same message.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use wharf_core::message::{self, AmqpMessage, DeliveryContext, limits};
+
+fuzz_target!(|payload: &[u8]| {
+    let checked = limits::check(payload, limits::ValueLimits::DEFAULT);
+    let sections = limits::sections(payload);
+    if let Ok(ranges) = &checked {
+        // Every range a full check finds, the shallow walk finds too.
+        let shallow = sections.as_ref().map(|s| s.len());
+        assert!(shallow.is_none() || shallow == Some(ranges.len()));
+    }
+    let _ = message::annotate(payload, "x-opt-wharf-dead-letter-reason", "fuzz");
+    let Ok(decoded) = AmqpMessage::decode(payload) else {
+        return;
+    };
+    assert!(checked.is_ok(), "decoded what the limits refuse");
+    let context = DeliveryContext {
+        address: "q",
+        tenant: "t",
+        mount: "m",
+        attempt: decoded.counters().attempt(),
+        presettled: false,
+    };
+    let _ = message::to_delivery(&decoded, context);
+    let _ = decoded.identity();
+    let copy = decoded.copy(
+        decoded
+            .counters()
+            .retry_count
+            .unwrap_or(0)
+            .saturating_add(1),
+        None,
+    );
+    if let Ok(encoded) = decoded.encode() {
+        let again = AmqpMessage::decode(&encoded).expect("what the host encodes, it decodes");
+        assert_eq!(again.counters(), decoded.counters());
+    }
+    if let Ok(encoded) = copy.encode() {
+        AmqpMessage::decode(&encoded).expect("a copy decodes");
+    }
+});

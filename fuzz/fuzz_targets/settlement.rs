@@ -1,0 +1,97 @@
+//! The settlement planner fed any delivery, outcome and publish answer.
+//! Invariants: a delivery is never settled as done unless what it owed was
+//! accepted; a failed attempt never ends without a publish or a disposition
+//! the broker keeps it by, except at the limit without a dead-letter
+//! address (then `rejected`, the broker's policy decides).
+
+#![no_main]
+
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use wharf_core::config::Settle;
+use wharf_core::settlement::{
+    AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Policy, Publish, Published,
+    RetryPath, after_publish, plan,
+};
+
+fn pick<T: Copy>(u: &mut Unstructured<'_>, of: &[T]) -> arbitrary::Result<T> {
+    Ok(*u.choose(of)?)
+}
+
+fn input(u: &mut Unstructured<'_>) -> arbitrary::Result<(Policy, Counters, Outcome, Published)> {
+    let policy = Policy {
+        settle: pick(u, &[Settle::AtLeastOnce, Settle::AtMostOnce])?,
+        max_attempts: Option::<u32>::arbitrary(u)?,
+        dead_letter: bool::arbitrary(u)?,
+        retry: pick(u, &[RetryPath::Modified, RetryPath::Copy])?,
+        modified_supported: bool::arbitrary(u)?,
+        delay: pick(u, &[DelayPath::Scheduled, DelayPath::Held])?,
+        retry_after_original: pick(u, &[Disposition::Rejected, Disposition::Accepted])?,
+    };
+    let counters = Counters {
+        delivery_count: Option::<u32>::arbitrary(u)?,
+        retry_count: Option::<u32>::arbitrary(u)?,
+    };
+    let outcome = match u.int_in_range(0..=3)? {
+        0 => Outcome::Ack,
+        1 => Outcome::Retry,
+        2 => Outcome::RetryAfter(Duration::from_millis(u64::arbitrary(u)?)),
+        _ => Outcome::Drop,
+    };
+    let reason = String::arbitrary(u)?;
+    let published = match u.int_in_range(0..=3)? {
+        0 => Published::Accepted,
+        1 => Published::Refused { reason },
+        2 => Published::NotSent { reason },
+        _ => Published::Unknown { reason },
+    };
+    Ok((policy, counters, outcome, published))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok((policy, counters, outcome, published)) = input(&mut Unstructured::new(data)) else {
+        return;
+    };
+    let mut planned = plan(&policy, &counters, outcome);
+    if outcome == Outcome::Ack && bool::arbitrary(&mut Unstructured::new(data)).unwrap_or(false) {
+        planned = planned.with_outputs(&policy);
+    }
+    if policy.settle == Settle::AtLeastOnce
+        && matches!(outcome, Outcome::Retry | Outcome::RetryAfter(_))
+    {
+        match planned {
+            // Only at the limit, with nowhere to dead-letter to.
+            Plan::Settle(Disposition::Rejected) => assert!(!policy.dead_letter),
+            Plan::Settle(Disposition::Accepted) => {
+                panic!("a failed attempt settled as done: {planned:?}")
+            }
+            Plan::PublishThenSettle { otherwise, .. } => {
+                assert!(matches!(
+                    otherwise,
+                    Disposition::Modified | Disposition::Released
+                ));
+            }
+            _ => {}
+        }
+    }
+    let next = after_publish(&planned, &published);
+    if let Plan::PublishThenSettle {
+        publish,
+        then,
+        otherwise,
+    } = planned
+    {
+        match (&published, &next) {
+            (Published::Accepted, AfterPublish::Settle(d)) => assert_eq!(*d, Some(then)),
+            (_, AfterPublish::Retry { .. }) => assert_eq!(publish, Publish::Outputs),
+            (_, AfterPublish::Settle(d)) => assert_eq!(*d, Some(otherwise)),
+        }
+        // The plan made again for a failed ack never publishes outputs.
+        if let AfterPublish::Retry { .. } = next {
+            let again = plan(&policy, &counters, Outcome::Retry);
+            assert_ne!(again.publish(), Some(Publish::Outputs));
+        }
+    }
+});
