@@ -239,6 +239,11 @@ pub struct HostSettings {
         deserialize_with = "units::at_least_one"
     )]
     pub max_instances: u32,
+    /// Bytes of deliveries the host holds at once, over all tenants: from
+    /// when a delivery is taken off its link until it is settled. Past it,
+    /// no mount takes another delivery (their credit is not renewed).
+    #[serde(default = "default_max_buffered", deserialize_with = "units::size")]
+    pub max_buffered: u64,
 }
 
 impl Default for HostSettings {
@@ -246,8 +251,13 @@ impl Default for HostSettings {
         HostSettings {
             shutdown_grace: default_grace(),
             max_instances: default_max_instances(),
+            max_buffered: default_max_buffered(),
         }
     }
+}
+
+fn default_max_buffered() -> u64 {
+    1 << 30
 }
 
 fn default_max_instances() -> u32 {
@@ -269,7 +279,7 @@ pub struct Tenant {
 
 /// Limits on all of a tenant's mounts together, on top of each mount's own.
 /// Reaching one slows the tenant's links down; it never fails a delivery.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TenantBudget {
     /// Handlers running at once.
     pub max_running: Option<u32>,
@@ -278,6 +288,25 @@ pub struct TenantBudget {
     pub max_memory: Option<u64>,
     /// Deliveries in flight plus delayed copies waiting for their time.
     pub max_pending_copies: Option<u32>,
+    /// Bytes of the tenant's deliveries held at once, from when each is
+    /// taken off its link until it is settled.
+    pub max_buffered: u64,
+}
+
+impl TenantBudget {
+    /// Default `max_buffered` of a tenant.
+    pub const DEFAULT_MAX_BUFFERED: u64 = 256 << 20;
+}
+
+impl Default for TenantBudget {
+    fn default() -> TenantBudget {
+        TenantBudget {
+            max_running: None,
+            max_memory: None,
+            max_pending_copies: None,
+            max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+        }
+    }
 }
 
 /// One subscription: a broker address whose deliveries run one module.
@@ -483,6 +512,8 @@ struct RawTenant {
     #[serde(default, deserialize_with = "optional_size")]
     max_memory: Option<Spanned<u64>>,
     max_pending_copies: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_size")]
+    max_buffered: Option<Spanned<u64>>,
     #[serde(default, rename = "mount")]
     mounts: Vec<RawMount>,
 }
@@ -626,10 +657,15 @@ impl Config {
             let here = format!("tenant `{tenant_name}`");
             checker.positive(&here, "max_running", &tenant.max_running)?;
             checker.positive(&here, "max_pending_copies", &tenant.max_pending_copies)?;
+            checker.positive(&here, "max_buffered", &tenant.max_buffered)?;
             let budget = TenantBudget {
                 max_running: tenant.max_running.map(Spanned::into_inner),
                 max_memory: tenant.max_memory.as_ref().map(|m| *m.get_ref()),
                 max_pending_copies: tenant.max_pending_copies.map(Spanned::into_inner),
+                max_buffered: tenant
+                    .max_buffered
+                    .as_ref()
+                    .map_or(TenantBudget::DEFAULT_MAX_BUFFERED, |b| *b.get_ref()),
             };
             let tenant_broker = match tenant.broker {
                 Some(raw_broker) => Some(own_connection(

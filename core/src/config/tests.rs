@@ -253,6 +253,7 @@ fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
             max_running: Some(4),
             max_memory: Some(128 << 20),
             max_pending_copies: Some(100),
+            max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
         }
     );
     assert_eq!(a.broker, None);

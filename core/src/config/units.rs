@@ -45,6 +45,17 @@ pub(crate) fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Er
     }
 }
 
+pub(crate) fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match toml::Value::deserialize(d)? {
+        toml::Value::Integer(n) => u64::try_from(n).map_err(|_| D::Error::custom("is negative")),
+        toml::Value::String(text) => parse_size(&text).map_err(D::Error::custom),
+        other => Err(D::Error::custom(format!(
+            "expected a size such as \"64MiB\", found {}",
+            other.type_str()
+        ))),
+    }
+}
+
 pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     parse_duration(&String::deserialize(d)?).map_err(D::Error::custom)
 }

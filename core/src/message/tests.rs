@@ -361,6 +361,8 @@ fn an_annotation_is_added_and_every_other_section_stays_as_it_was() {
 fn what_would_not_decode_is_never_encoded() {
     let payload = [0x00, 0x53, 0x77, 0xf0, 0, 0, 0, 5, 0, 0, 0, 5, 0x45];
     let message = AmqpMessage::decode(&payload).expect("a valid array of empty lists");
-    let error = message.encode().expect_err("the encoder's output is malformed");
+    let error = message
+        .encode()
+        .expect_err("the encoder's output is malformed");
     assert!(error.0.contains("cannot be read back"), "{error}");
 }

@@ -8,7 +8,6 @@ use fe2o3_amqp::link::{
 };
 use fe2o3_amqp::session::BeginError;
 use fe2o3_amqp::types::messaging::Outcome;
-use wharf_core::settlement::Published;
 
 /// Something the broker refused, or a connection or link that failed.
 #[derive(Debug, thiserror::Error)]
@@ -175,15 +174,5 @@ impl PublishFailure {
     /// The links went down before the message went out.
     pub fn links_down() -> PublishFailure {
         PublishFailure::NotSent("the mount's links went down".to_owned())
-    }
-
-    /// What the host can know of the publish.
-    pub fn published(&self) -> Published {
-        let reason = self.to_string();
-        match self {
-            PublishFailure::Refused(_) => Published::Refused { reason },
-            PublishFailure::NotSent(_) => Published::NotSent { reason },
-            PublishFailure::Unknown(_) => Published::Unknown { reason },
-        }
     }
 }

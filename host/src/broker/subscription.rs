@@ -50,6 +50,8 @@ pub struct Inbound {
     /// The message exactly as it arrived, where the mount may have to
     /// publish it so (to its dead-letter address).
     pub payload: Option<bytes::Bytes>,
+    /// Its size as it arrived, in bytes.
+    pub size: usize,
 }
 
 /// How a receiver is attached.
@@ -141,6 +143,7 @@ impl Subscription {
                         info,
                         message: message.into(),
                         payload: None,
+                        size: 0,
                     }))
                 }
                 Err(RecvError::MessageDecode(undecoded)) => {
@@ -148,6 +151,7 @@ impl Subscription {
                         Ok(message) => Received::Delivery(Box::new(Inbound {
                             info: undecoded.info,
                             message,
+                            size: undecoded.payload.len(),
                             payload: self.keep_payloads.then_some(undecoded.payload),
                         })),
                         Err(failure) => Received::Undecodable {

@@ -15,7 +15,39 @@ pub(crate) struct TenantLimits {
     running: Option<Arc<Semaphore>>,
     pending_copies: Option<Arc<Semaphore>>,
     memory: Option<MemoryBudget>,
+    buffered: Buffered,
     lane: CpuLane,
+}
+
+/// Bytes of deliveries held from when each is taken off its link until it
+/// is settled (a tenant's `max_buffered`, or the host's). Counted in KiB.
+#[derive(Clone)]
+pub(crate) struct Buffered {
+    kib: Arc<Semaphore>,
+    total: u32,
+}
+
+impl Buffered {
+    pub(crate) fn new(bytes: u64) -> Buffered {
+        let total = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, Semaphore::MAX_PERMITS as u32);
+        Buffered {
+            kib: Arc::new(Semaphore::new(total as usize)),
+            total,
+        }
+    }
+
+    /// Waits for room for a delivery of `bytes`: at most the whole budget,
+    /// so a delivery larger than it still passes, alone.
+    pub(crate) async fn hold(&self, bytes: usize) -> OwnedSemaphorePermit {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        self.kib
+            .clone()
+            .acquire_many_owned(kib.clamp(1, self.total))
+            .await
+            .expect("budget semaphores are never closed")
+    }
 }
 
 /// Room for one delivery: a running slot and a pending-copy slot, held
@@ -40,6 +72,7 @@ impl TenantLimits {
             running: budget.max_running.map(semaphore),
             pending_copies: budget.max_pending_copies.map(semaphore),
             memory: budget.max_memory.map(MemoryBudget::new),
+            buffered: Buffered::new(budget.max_buffered),
             lane: CpuLane::new(),
         })
     }
@@ -47,6 +80,11 @@ impl TenantLimits {
     /// The tenant's shared instance memory, if it sets `max_memory`.
     pub(crate) fn memory(&self) -> Option<MemoryBudget> {
         self.memory.clone()
+    }
+
+    /// The tenant's bytes of deliveries held.
+    pub(crate) fn buffered(&self) -> &Buffered {
+        &self.buffered
     }
 
     /// Where the tenant's long-running handlers take turns.
@@ -93,6 +131,26 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), limits.admit())
             .await
             .expect("room once the first finished");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_held_wait_for_room_and_one_large_delivery_passes_alone() {
+        let buffered = Buffered::new(64 * 1024);
+        let large = buffered.hold(10 << 20).await;
+        let next = tokio::time::timeout(std::time::Duration::from_secs(60), buffered.hold(1));
+        assert!(
+            next.await.is_err(),
+            "room beside a delivery as large as the budget"
+        );
+        drop(large);
+        let a = buffered.hold(32 * 1024).await;
+        let _b = buffered.hold(32 * 1024).await;
+        let third = tokio::time::timeout(std::time::Duration::from_secs(60), buffered.hold(1));
+        assert!(third.await.is_err(), "the budget held more than it has");
+        drop(a);
+        let _room = tokio::time::timeout(std::time::Duration::from_secs(1), buffered.hold(1))
+            .await
+            .expect("room once a delivery was settled");
     }
 
     #[tokio::test(start_paused = true)]

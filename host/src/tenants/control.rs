@@ -12,7 +12,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::budget::TenantLimits;
+use super::budget::{Buffered, TenantLimits};
 use super::load_modules;
 use super::mount::{self, AttachedMount, ModuleSlot, MountSpec, instances_for};
 use super::reload::{self, Change, MountKey, Placement};
@@ -58,6 +58,8 @@ pub(super) struct Control {
     slots: InstanceSlots,
     /// What each tenant owns, for every instance's reply checks.
     owners: Owners,
+    /// Bytes of deliveries the whole host holds.
+    buffered: Buffered,
     default_pool: BrokerPool,
     tenants: HashMap<String, TenantState>,
     mounts: BTreeMap<MountKey, RunningMount>,
@@ -109,6 +111,7 @@ impl Control {
             default_pool: pool(&config.broker),
             config: config.clone(),
             owners: config.address_owners().into(),
+            buffered: Buffered::new(config.host.max_buffered),
             sandbox,
             slots,
             tenants: HashMap::new(),
@@ -214,6 +217,7 @@ impl Control {
             self.metrics.mount(&tags),
             self.config.host.shutdown_grace,
             generation,
+            self.buffered.clone(),
         ))
     }
 

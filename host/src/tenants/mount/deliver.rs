@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::attach::MountContext;
+use super::receive::Room;
 use super::settle::{self, Arrived, Settler};
 use crate::broker::Inbound;
 use crate::broker::message::{self, DeliveryContext};
@@ -26,6 +27,7 @@ pub(super) async fn handle(
     settler: Settler,
     inbound: Inbound,
     handler_slot: Option<OwnedSemaphorePermit>,
+    room: Room,
     flush: CancellationToken,
 ) {
     let spec = context.spec.clone();
@@ -33,6 +35,7 @@ pub(super) async fn handle(
         info,
         message,
         payload,
+        ..
     } = inbound;
     let counters = message.counters();
     let attempt = counters.attempt();
@@ -123,6 +126,7 @@ pub(super) async fn handle(
             error: settled.error,
         }));
         drop(admission);
+        drop(room);
     }
     .instrument(span)
     .await

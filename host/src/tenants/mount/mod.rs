@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::budget::TenantLimits;
+use super::budget::{Buffered, TenantLimits};
 use super::supervisor::{self, State, Supervised};
 use crate::admin::{Health, MountMetrics};
 use crate::backoff::{Backoff, BackoffPolicy};
@@ -107,6 +107,8 @@ pub(crate) struct MountSpec {
     pub(crate) grace: Duration,
     /// Tells this attach of the mount from earlier ones, in link names.
     pub(crate) generation: u64,
+    /// Bytes of deliveries the whole host holds.
+    pub(crate) host_buffered: Buffered,
     /// The queue behind the address, once asked: `Some(None)` when the
     /// broker has no such queue.
     queue: Mutex<Option<Option<QueueInfo>>>,
@@ -150,6 +152,7 @@ impl MountSpec {
         metrics: MountMetrics,
         grace: Duration,
         generation: u64,
+        host_buffered: Buffered,
     ) -> MountSpec {
         MountSpec {
             publish_backoff: Mutex::new(Backoff::new(BackoffPolicy {
@@ -165,6 +168,7 @@ impl MountSpec {
             metrics,
             grace,
             generation,
+            host_buffered,
             queue: Mutex::new(None),
             count_by_copy: AtomicBool::new(false),
             returned: Mutex::new(HashMap::new()),

@@ -8,15 +8,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use std::pin::Pin;
+
+use super::MountSpec;
 use super::attach::{AttachedMount, MountContext};
 use super::deliver;
 use super::settle::{self, SettleRequest, Settler};
-use crate::broker::{BrokerError, Received, Subscription};
+use crate::broker::{BrokerError, Inbound, Received, Subscription};
 use crate::config::Settle;
 use crate::events::Event;
 use crate::sandbox::LogTags;
@@ -50,6 +53,13 @@ impl AttachedMount {
         // credit is not renewed, so the broker holds back.
         let handlers = Arc::new(Semaphore::new(spec.config.concurrency as usize));
         let mut handler_slot = None;
+        // A delivery is taken off the link only with a place among the
+        // mount's unsettled ones (at most `credit`: a held `retry-after`
+        // original keeps its place) and, once its size is known, room for
+        // its bytes in the tenant's and the host's budgets.
+        let unsettled = Arc::new(Semaphore::new(spec.config.credit as usize));
+        let mut unsettled_slot = None;
+        let mut admitting: Option<Admitting> = None;
         let mut prune = tokio::time::interval(PRUNE_EVERY);
         // Made once: a cancellation future registers itself when polled.
         let stopped = stop.cancelled();
@@ -61,6 +71,9 @@ impl AttachedMount {
                 // The common case needs no wait: a handler slot is free.
                 if handler_slot.is_none() {
                     handler_slot = handlers.clone().try_acquire_owned().ok();
+                }
+                if unsettled_slot.is_none() {
+                    unsettled_slot = unsettled.clone().try_acquire_owned().ok();
                 }
                 tokio::select! {
                     biased;
@@ -74,17 +87,26 @@ impl AttachedMount {
                     permit = handlers.clone().acquire_owned(), if handler_slot.is_none() => {
                         handler_slot = permit.ok();
                     }
-                    received = subscription.recv(), if handler_slot.is_some() => match received {
+                    permit = unsettled.clone().acquire_owned(), if unsettled_slot.is_none() => {
+                        unsettled_slot = permit.ok();
+                    }
+                    (inbound, room) = async { admitting.as_mut().expect("guarded").await }, if admitting.is_some() => {
+                        admitting = None;
+                        // Boxed: the task then moves a pointer, not the
+                        // whole state of a delivery, as it starts and ends.
+                        tasks.spawn(Box::pin(deliver::handle(
+                            context.clone(),
+                            settler.clone(),
+                            *inbound,
+                            handler_slot.take(),
+                            room,
+                            flush.clone(),
+                        )));
+                    }
+                    received = subscription.recv(), if handler_slot.is_some() && unsettled_slot.is_some() && admitting.is_none() => match received {
                         Ok(Received::Delivery(inbound)) => {
-                            // Boxed: the task then moves a pointer, not the
-                            // whole state of a delivery, as it starts and ends.
-                            tasks.spawn(Box::pin(deliver::handle(
-                                context.clone(),
-                                settler.clone(),
-                                *inbound,
-                                handler_slot.take(),
-                                flush.clone(),
-                            )));
+                            let unsettled = unsettled_slot.take().expect("guarded");
+                            admitting = Some(admit(&spec, inbound, unsettled));
                         }
                         Ok(Received::Undecodable { info, reason, payload }) => {
                             let reason = format!("not a readable AMQP message: {reason}");
@@ -98,6 +120,7 @@ impl AttachedMount {
                                         info,
                                         payload,
                                         reason,
+                                        unsettled_slot.take(),
                                     ));
                                 }
                                 _ => {
@@ -140,6 +163,36 @@ impl AttachedMount {
         drop(session);
         failure.map_or(Ok(()), Err)
     }
+}
+
+/// What a delivery holds until it is settled: its place among the mount's
+/// unsettled deliveries, and its bytes in its tenant's and the host's
+/// budgets.
+pub(super) struct Room {
+    _unsettled: OwnedSemaphorePermit,
+    _tenant: OwnedSemaphorePermit,
+    _host: OwnedSemaphorePermit,
+}
+
+/// A delivery taken off the link, waiting for room for its bytes.
+type Admitting = Pin<Box<dyn Future<Output = (Box<Inbound>, Room)> + Send>>;
+
+fn admit(
+    spec: &Arc<MountSpec>,
+    inbound: Box<Inbound>,
+    unsettled: OwnedSemaphorePermit,
+) -> Admitting {
+    let spec = spec.clone();
+    Box::pin(async move {
+        let tenant = spec.tenant.buffered().hold(inbound.size).await;
+        let host = spec.host_buffered.hold(inbound.size).await;
+        let room = Room {
+            _unsettled: unsettled,
+            _tenant: tenant,
+            _host: host,
+        };
+        (inbound, room)
+    })
 }
 
 /// The most settle requests answered with one batch of dispositions.
@@ -243,6 +296,7 @@ async fn dead_letter_unreadable(
     info: DeliveryInfo,
     payload: Bytes,
     reason: String,
+    unsettled: Option<OwnedSemaphorePermit>,
 ) {
     let address = context
         .spec
@@ -253,6 +307,7 @@ async fn dead_letter_unreadable(
     let result =
         settle::dead_letter_unreadable(&context, &settler, info, payload, &reason, address).await;
     refused(&context, reason, result.err());
+    drop(unsettled);
 }
 
 /// A delivery the host settled without running the handler.

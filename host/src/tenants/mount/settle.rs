@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::attach::MountContext;
 use crate::admin::MountMetrics;
 use crate::broker::message::{self, AmqpMessage};
-use crate::broker::{BrokerError, Output, Transactions};
+use crate::broker::{BrokerError, Output, PublishFailure, Transactions};
 use crate::events::Event;
 use crate::sandbox::Outgoing;
 use crate::settlement::{
@@ -294,23 +294,20 @@ fn with_reason(payload: Bytes, reason: Option<&str>) -> Bytes {
 
 /// What the host can know of a publish from the publisher's answer.
 fn published(result: Result<(), BrokerError>) -> Published {
-    match result {
-        Ok(()) => Published::Accepted,
-        Err(BrokerError::Publish { address, source }) => {
-            let mut published = source.published();
-            if let Published::Refused { reason }
-            | Published::NotSent { reason }
-            | Published::Unknown { reason } = &mut published
-            {
-                *reason = format!("`{address}`: {reason}");
-            }
-            published
-        }
+    let error = match result {
+        Ok(()) => return Published::Accepted,
+        Err(error) => error,
+    };
+    let reason = error.to_string();
+    match error {
+        BrokerError::Publish { source, .. } => match source {
+            PublishFailure::Refused(_) => Published::Refused { reason },
+            PublishFailure::NotSent(_) => Published::NotSent { reason },
+            PublishFailure::Unknown(_) => Published::Unknown { reason },
+        },
         // A transaction that failed as a whole: the broker rolls back what
         // it did not commit, but whether the commit landed is not known.
-        Err(other) => Published::Unknown {
-            reason: other.to_string(),
-        },
+        _ => Published::Unknown { reason },
     }
 }
 
