@@ -11,8 +11,12 @@ use tokio::process::{Child, ChildStderr, Command};
 
 use crate::{DEADLINE, MountToml, artemis_url, config_text, unique};
 
-/// The `wharf` binary built beside this test binary.
+/// The `wharf` binary built beside this test binary, or the one
+/// `WHARF_BIN` names (to measure another build).
 pub fn wharf_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("WHARF_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().expect("test binary path");
     let bin = exe
         .parent()
@@ -162,6 +166,25 @@ impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// The most memory the process has held resident so far (`VmHWM`), in
+/// bytes.
+pub fn peak_resident(wharf: &WharfProcess) -> anyhow::Result<u64> {
+    let pid = wharf.child.id().context("running")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .context("no VmHWM in /proc/PID/status")?;
+    Ok(kib * 1024)
 }
 
 /// Sends `signal` (`-TERM`, `-HUP`) to the wharf process.

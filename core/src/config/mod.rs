@@ -405,7 +405,7 @@ pub enum RetryAfterOriginal {
 
 impl Mount {
     /// Default `max_message_size`.
-    pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 16 << 20;
+    pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 1 << 20;
     /// Default link credit.
     pub const DEFAULT_CREDIT: u32 = 64;
     /// Default number of handlers running at once.

@@ -3,7 +3,7 @@
 //! Decoding an AMQP value, rendering it as JSON and dropping it all recurse
 //! once per level of nesting, so a publisher who nests a list 100,000 deep
 //! would overflow the stack of whatever task touched it: an abort no task
-//! boundary catches. And a 16 MiB message of empty lists decodes to millions
+//! boundary catches. And a 1 MiB message of empty lists decodes to a million
 //! of values. So every payload is first walked here, without recursion, and
 //! refused when its values nest deeper than [`ValueLimits::max_depth`] or
 //! number more than [`ValueLimits::max_items`]. What passes can be decoded,

@@ -12,6 +12,8 @@ use crate::sandbox::{CpuLane, MemoryBudget};
 
 /// The semaphores behind a tenant's budget; `None` where it sets no limit.
 pub(crate) struct TenantLimits {
+    /// The tenant's mounts, which share its `max_buffered`.
+    mounts: u32,
     running: Option<Arc<Semaphore>>,
     pending_copies: Option<Arc<Semaphore>>,
     memory: Option<MemoryBudget>,
@@ -36,6 +38,11 @@ impl Buffered {
             kib: Arc::new(Semaphore::new(total as usize)),
             total,
         }
+    }
+
+    /// The budget, in bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        u64::from(self.total) * 1024
     }
 
     /// Waits for room for a delivery of `bytes`: at most the whole budget,
@@ -66,9 +73,10 @@ impl Admission {
 }
 
 impl TenantLimits {
-    pub(crate) fn new(budget: TenantBudget) -> Arc<TenantLimits> {
+    pub(crate) fn new(budget: TenantBudget, mounts: usize) -> Arc<TenantLimits> {
         let semaphore = |n: u32| Arc::new(Semaphore::new(n as usize));
         Arc::new(TenantLimits {
+            mounts: u32::try_from(mounts).unwrap_or(u32::MAX).max(1),
             running: budget.max_running.map(semaphore),
             pending_copies: budget.max_pending_copies.map(semaphore),
             memory: budget.max_memory.map(MemoryBudget::new),
@@ -80,6 +88,11 @@ impl TenantLimits {
     /// The tenant's shared instance memory, if it sets `max_memory`.
     pub(crate) fn memory(&self) -> Option<MemoryBudget> {
         self.memory.clone()
+    }
+
+    /// One mount's share of the tenant's `max_buffered`, in bytes.
+    pub(crate) fn buffered_share(&self) -> u64 {
+        self.buffered.bytes() / u64::from(self.mounts)
     }
 
     /// The tenant's bytes of deliveries held.
@@ -120,10 +133,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_budget_waits_until_a_delivery_finishes() {
-        let limits = TenantLimits::new(TenantBudget {
-            max_running: Some(1),
-            ..TenantBudget::default()
-        });
+        let limits = TenantLimits::new(
+            TenantBudget {
+                max_running: Some(1),
+                ..TenantBudget::default()
+            },
+            1,
+        );
         let first = limits.admit().await;
         let second = tokio::time::timeout(std::time::Duration::from_secs(60), limits.admit());
         assert!(second.await.is_err(), "a second delivery got in");
@@ -155,10 +171,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_pending_copy_keeps_its_slot_after_the_handler_is_done() {
-        let limits = TenantLimits::new(TenantBudget {
-            max_pending_copies: Some(1),
-            ..TenantBudget::default()
-        });
+        let limits = TenantLimits::new(
+            TenantBudget {
+                max_pending_copies: Some(1),
+                ..TenantBudget::default()
+            },
+            1,
+        );
         let mut waiting_copy = limits.admit().await;
         waiting_copy.release_running();
         let waiting = tokio::time::timeout(std::time::Duration::from_secs(60), limits.admit());

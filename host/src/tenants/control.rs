@@ -178,7 +178,7 @@ impl Control {
             .entry(tenant.name.clone())
             .or_insert_with(|| TenantState {
                 placement: placement(tenant),
-                limits: TenantLimits::new(tenant.budget),
+                limits: TenantLimits::new(tenant.budget, tenant.mounts.len()),
                 pool: tenant
                     .broker
                     .as_ref()

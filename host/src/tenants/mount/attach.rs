@@ -86,7 +86,7 @@ impl Links {
             address: &mount.address,
             capability,
             settle: mount.settle,
-            credit: mount.credit,
+            credit: spec.credit(),
             max_message_size: mount.max_message_size,
             // A dead letter goes out exactly as the delivery arrived.
             keep_payloads: mount.dead_letter.is_some(),
@@ -179,6 +179,7 @@ impl Links {
             broker = %session.endpoint,
             queue = queue.as_ref().map(|q| format!("{:?}", q.kind)),
             settle = %mount.settle,
+            credit = spec.credit(),
             retry_path = ?policy.retry,
             delay_path = ?policy.delay,
             outputs = outputs_path(&spec, &publisher, session.offers.is_artemis()),

@@ -175,6 +175,19 @@ impl MountSpec {
         }
     }
 
+    /// The link credit the mount attaches with: its `credit`, lowered
+    /// where that many deliveries of `max_message_size` would not fit its
+    /// share of the tenant's `max_buffered` (the budget divided among the
+    /// tenant's mounts), so what the broker may send ahead of the host's
+    /// asking stays within the budget too.
+    pub(crate) fn credit(&self) -> u32 {
+        let fits = self.tenant.buffered_share() / self.config.max_message_size.max(1);
+        self.config
+            .credit
+            .min(u32::try_from(fits).unwrap_or(u32::MAX))
+            .max(1)
+    }
+
     /// Whether retries are copies because the broker counts nothing.
     pub(crate) fn counts_by_copy(&self) -> bool {
         self.count_by_copy.load(Ordering::Relaxed)

@@ -57,7 +57,7 @@ impl AttachedMount {
         // mount's unsettled ones (at most `credit`: a held `retry-after`
         // original keeps its place) and, once its size is known, room for
         // its bytes in the tenant's and the host's budgets.
-        let unsettled = Arc::new(Semaphore::new(spec.config.credit as usize));
+        let unsettled = Arc::new(Semaphore::new(spec.credit() as usize));
         let mut unsettled_slot = None;
         let mut admitting: Option<Admitting> = None;
         let mut prune = tokio::time::interval(PRUNE_EVERY);
