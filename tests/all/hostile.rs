@@ -502,3 +502,37 @@ async fn a_handler_may_not_set_a_property_the_broker_reserves() -> anyhow::Resul
     client.close().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_reusing_one_message_id_do_not_switch_a_mount_to_copies() -> anyhow::Result<()> {
+    const MESSAGES: usize = 6;
+    let url = artemis_url();
+    let q = unique("reused");
+    let id = unique("same-id");
+    let mut client = Client::connect(&url).await?;
+    // Distinct messages, one id: each comes back once, counted by Artemis.
+    let messages = (0..MESSAGES).map(|n| {
+        TestMessage::new(&id, &format!("body {n}"))
+            .header(0)
+            .script("1:retry *:ack")
+            .build()
+    });
+    client.publish_many(&q, messages).await?;
+    let mount = MountToml::new("m", "fixture_script", &q).with("concurrency = 1");
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let handled = host.handled_n(&id, 2 * MESSAGES).await?;
+    for h in &handled {
+        let expected = if h.attempt == 1 {
+            Plan::Settle(Disposition::Modified)
+        } else {
+            Plan::Settle(Disposition::Accepted)
+        };
+        assert_eq!(h.plan, expected, "{h:?}");
+    }
+    println!(
+        "{MESSAGES} messages sharing one message-id: each retried by `modified` and acked; the mount never switched to copies"
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

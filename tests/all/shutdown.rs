@@ -126,3 +126,57 @@ async fn a_held_copy_is_published_when_the_host_stops() -> anyhow::Result<()> {
     client.close().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_at_most_once_mount_handles_what_the_broker_already_sent_before_it_stops()
+-> anyhow::Result<()> {
+    const SENT: usize = 300;
+    let url = artemis_url();
+    let q = unique("amo.stop");
+    let ids: Vec<String> = (0..SENT).map(|i| format!("{q}.{i}")).collect();
+    let mut client = Client::connect(&url).await?;
+    client.publish_scripted(&q, &ids, "*:busy=5").await?;
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("settle = \"at-most-once\"\nconcurrency = 1\ncredit = 64")
+        .with("[tenant.mount.grants]\nclocks = true");
+    let mut host = crate::TestHost::start(&url, &[mount]).await?;
+    let mut handled = std::collections::BTreeSet::new();
+    while handled.len() < 20 {
+        let id = host
+            .next(|e| match e {
+                wharf::events::Event::Handled(h) => h.message_id.clone(),
+                _ => None,
+            })
+            .await?;
+        handled.insert(id);
+    }
+    // Stopped with up to `credit` deliveries sent ahead, already settled.
+    host.stop_collecting(&mut handled).await?;
+    let left = client.artemis_count(&q).await?;
+    let lost = SENT as u64 - left - handled.len() as u64;
+    println!(
+        "at most once, stopped mid-stream: sent {SENT}, handled {}, left on the queue {left}, lost {lost}",
+        handled.len()
+    );
+    assert_eq!(lost, 0, "deliveries sent ahead were lost at the stop");
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_at_most_once_mount_takes_more_than_its_credit() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let q = unique("amo.credit");
+    let ids: Vec<String> = (0..50).map(|i| format!("{q}.{i}")).collect();
+    let mut client = Client::connect(&url).await?;
+    client.publish_scripted(&q, &ids, "*:ack").await?;
+    let mount =
+        MountToml::new("m", "fixture_script", &q).with("settle = \"at-most-once\"\ncredit = 10");
+    let mut host = crate::TestHost::start(&url, &[mount]).await?;
+    for id in &ids {
+        host.handled(id).await?;
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -311,6 +311,42 @@ impl TestHost {
         self.host.as_ref().expect("running until stopped")
     }
 
+    /// Shuts the host down gracefully, adding to `handled` the message id
+    /// of every delivery handled until it stopped.
+    pub async fn stop_collecting(
+        mut self,
+        handled: &mut std::collections::BTreeSet<String>,
+    ) -> anyhow::Result<()> {
+        let Some(host) = self.host.take() else {
+            return Ok(());
+        };
+        let mut shutdown = tokio::spawn(host.shutdown());
+        let take = |event: Event, handled: &mut std::collections::BTreeSet<String>| {
+            if let Event::Handled(h) = event
+                && let Some(id) = h.message_id
+            {
+                handled.insert(id);
+            }
+        };
+        for event in self.backlog.drain(..) {
+            take(event, handled);
+        }
+        let stopped = loop {
+            tokio::select! {
+                event = self.events.recv() => match event {
+                    Ok(event) => take(event, handled),
+                    Err(broadcast::error::RecvError::Lagged(n)) => bail!("missed {n} events"),
+                    Err(broadcast::error::RecvError::Closed) => break (&mut shutdown).await,
+                },
+                stopped = &mut shutdown => break stopped,
+            }
+        };
+        while let Ok(event) = self.events.try_recv() {
+            take(event, handled);
+        }
+        stopped?;
+        Ok(())
+    }
     /// Shuts the host down gracefully.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(host) = self.host.take() {

@@ -80,6 +80,11 @@ pub struct Subscription {
     address: String,
     modified_supported: bool,
     keep_payloads: bool,
+    /// At most once, the credit to renew: fe2o3 renews it as deliveries
+    /// are settled, and settled deliveries never are.
+    presettled_credit: Option<u32>,
+    /// Deliveries received since the credit was last renewed.
+    since_renewed: u32,
 }
 
 impl Subscription {
@@ -122,6 +127,8 @@ impl Subscription {
             address: options.address.to_owned(),
             modified_supported,
             keep_payloads: options.keep_payloads,
+            presettled_credit: (options.settle == Settle::AtMostOnce).then_some(options.credit),
+            since_renewed: 0,
         })
     }
 
@@ -176,8 +183,29 @@ impl Subscription {
                     });
                 }
             };
+            self.renew_presettled_credit().await?;
             return Ok(received);
         }
+    }
+
+    /// At most once, renews the link's credit once half of it is used, as
+    /// fe2o3 does for unsettled deliveries when they are settled.
+    async fn renew_presettled_credit(&mut self) -> Result<(), BrokerError> {
+        let Some(credit) = self.presettled_credit else {
+            return Ok(());
+        };
+        self.since_renewed += 1;
+        if self.since_renewed < credit.div_ceil(2) {
+            return Ok(());
+        }
+        self.since_renewed = 0;
+        self.receiver
+            .set_credit(credit)
+            .await
+            .map_err(|e| BrokerError::Receive {
+                address: self.address.clone(),
+                source: RecvError::LinkStateError(e.into()),
+            })
     }
 
     /// Sends one disposition for unsettled deliveries: a run of

@@ -79,7 +79,7 @@ pub(super) async fn handle(
                 "retry-after delay shortened to the mount's max_retry_delay"
             );
         }
-        spec.note_attempt(message_id.as_deref(), &counters);
+        spec.note_attempt(&message, &counters);
         let policy = context.policy();
         let mut plan = settlement::plan(&policy, &counters, outcome);
         // Outputs go out with an acknowledgement and only with one.
@@ -100,7 +100,7 @@ pub(super) async fn handle(
         };
         let settled = settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await;
         if settled.disposition == Some(Disposition::Modified) {
-            spec.note_modified(message_id.as_deref(), attempt);
+            spec.note_modified(&message, attempt);
         }
         spec.metrics.handled(outcome, settled.disposition, took);
         match &settled.error {

@@ -26,6 +26,7 @@ use super::supervisor::{self, State, Supervised};
 use crate::admin::{Health, MountMetrics};
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::broker::management::{self, QueueInfo, QueueKind};
+use crate::broker::message::AmqpMessage;
 use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
 use crate::config::{Broker, Mount};
 use crate::events::Event;
@@ -115,9 +116,18 @@ pub(crate) struct MountSpec {
     /// Set once the broker was caught handing `modified` deliveries back
     /// uncounted: from then on retries are copies, across reattaches.
     count_by_copy: AtomicBool,
-    /// Deliveries settled `modified`, by message id, with the attempt they
-    /// were on and how often in a row they came back on it.
-    returned: Mutex<HashMap<String, (u32, u32)>>,
+    /// Deliveries settled `modified`, by message id: which message it was
+    /// (its identity, since publishers reuse ids), the attempt it was on
+    /// and how often in a row it came back on it.
+    returned: Mutex<HashMap<String, Returned>>,
+}
+
+/// A delivery settled `modified`, remembered to see whether it comes back
+/// counted.
+struct Returned {
+    identity: String,
+    attempt: u32,
+    times: u32,
 }
 
 /// How often in a row a delivery may come back on the same attempt before
@@ -196,29 +206,35 @@ impl MountSpec {
     /// Notes a delivery about to be planned: one that comes back on the
     /// attempt it was settled `modified` on, again and again, shows a
     /// broker that counts nothing, and switches the mount to copies.
-    pub(crate) fn note_attempt(&self, message_id: Option<&str>, counters: &Counters) {
-        let Some(id) = message_id else { return };
+    pub(crate) fn note_attempt(&self, message: &AmqpMessage, counters: &Counters) {
+        let Some(id) = message.message_id() else {
+            return;
+        };
         if counters.is_copy() || self.counts_by_copy() {
             return;
         }
         let attempt = counters.attempt();
         let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((last, times)) = returned.get_mut(id) else {
+        let Some(last) = returned.get_mut(&id) else {
             return;
         };
-        if *last != attempt {
-            returned.remove(id);
+        // Another message under the same id proves nothing.
+        if last.identity != message.identity() {
             return;
         }
-        *times += 1;
-        if *times >= UNCOUNTED_RETURNS {
+        if last.attempt != attempt {
+            returned.remove(&id);
+            return;
+        }
+        last.times += 1;
+        if last.times >= UNCOUNTED_RETURNS {
             returned.clear();
             self.count_by_copy.store(true, Ordering::Relaxed);
             let tags = &self.tags;
             tracing::warn!(
                 tenant = &*tags.tenant,
                 mount = &*tags.mount,
-                message_id = id,
+                message_id = id.as_str(),
                 attempt,
                 "the broker hands `modified` deliveries back without counting them; retries are copies from now on"
             );
@@ -226,13 +242,28 @@ impl MountSpec {
     }
 
     /// Remembers a delivery settled `modified` on `attempt`.
-    pub(crate) fn note_modified(&self, message_id: Option<&str>, attempt: u32) {
-        let Some(id) = message_id else { return };
+    pub(crate) fn note_modified(&self, message: &AmqpMessage, attempt: u32) {
+        let Some(id) = message.message_id() else {
+            return;
+        };
+        let identity = message.identity();
         let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
         if returned.len() >= RETURNS_REMEMBERED {
             returned.clear();
         }
-        returned.entry(id.to_owned()).or_insert((attempt, 0)).0 = attempt;
+        let entry = returned.entry(id).or_insert(Returned {
+            identity: identity.clone(),
+            attempt,
+            times: 0,
+        });
+        if entry.identity != identity {
+            *entry = Returned {
+                identity,
+                attempt,
+                times: 0,
+            };
+        }
+        entry.attempt = attempt;
     }
 
     /// The pause after a failed copy or dead-letter publish.

@@ -145,6 +145,17 @@ impl AttachedMount {
         match &failure {
             None => {
                 let deadline = Instant::now() + spec.grace - detach_budget;
+                if spec.config.settle == Settle::AtMostOnce {
+                    let handling = Handling {
+                        context: &context,
+                        settler: &settler,
+                        flush: &flush,
+                        handlers: &handlers,
+                        unsettled: &unsettled,
+                    };
+                    take_the_rest(&mut subscription, &mut tasks, handling, admitting, deadline)
+                        .await;
+                }
                 drain(
                     &subscription,
                     &mut inbox,
@@ -162,6 +173,89 @@ impl AttachedMount {
         tokio::join!(subscription.close(detach_budget), publisher_task.close());
         drop(session);
         failure.map_or(Ok(()), Err)
+    }
+}
+
+/// What starting a delivery's task takes.
+struct Handling<'a> {
+    context: &'a Arc<MountContext>,
+    settler: &'a Settler,
+    flush: &'a CancellationToken,
+    handlers: &'a Arc<Semaphore>,
+    unsettled: &'a Arc<Semaphore>,
+}
+
+/// How long the link must stay quiet, once its credit is withdrawn, before
+/// no more deliveries the broker already sent are expected.
+const QUIET: Duration = Duration::from_millis(200);
+
+/// At most once, every delivery the broker sent was settled on arrival:
+/// left in the link's buffer at a stop, it would be lost. So whatever
+/// arrives until the link stays quiet for [`QUIET`] (or `deadline`) is
+/// handled like any other delivery. (The link's credit is not withdrawn
+/// first: fe2o3 would then refuse the transfers already on their way.)
+async fn take_the_rest(
+    subscription: &mut Subscription,
+    tasks: &mut JoinSet<()>,
+    handling: Handling<'_>,
+    admitting: Option<Admitting>,
+    deadline: Instant,
+) {
+    let tags = &handling.context.spec.tags;
+    let start = async |tasks: &mut JoinSet<()>, inbound: Box<Inbound>, room: Room| {
+        let slot =
+            tokio::time::timeout_at(deadline, handling.handlers.clone().acquire_owned()).await;
+        tasks.spawn(Box::pin(deliver::handle(
+            handling.context.clone(),
+            handling.settler.clone(),
+            *inbound,
+            slot.ok().and_then(Result::ok),
+            room,
+            handling.flush.clone(),
+        )));
+    };
+    if let Some(admitting) = admitting
+        && let Ok((inbound, room)) = tokio::time::timeout_at(deadline, admitting).await
+    {
+        start(tasks, inbound, room).await;
+    }
+    let mut taken = 0;
+    loop {
+        let quiet = (Instant::now() + QUIET).min(deadline);
+        let Ok(Ok(unsettled)) =
+            tokio::time::timeout_at(quiet, handling.unsettled.clone().acquire_owned()).await
+        else {
+            break;
+        };
+        match tokio::time::timeout_at(quiet, subscription.recv()).await {
+            Ok(Ok(Received::Delivery(inbound))) => {
+                let admitted = admit(&handling.context.spec, inbound, unsettled);
+                let Ok((inbound, room)) = tokio::time::timeout_at(deadline, admitted).await else {
+                    break;
+                };
+                start(tasks, inbound, room).await;
+                taken += 1;
+            }
+            Ok(Ok(Received::Undecodable { reason, .. })) => refused(
+                handling.context,
+                format!("not a readable AMQP message: {reason}"),
+                None,
+            ),
+            Ok(Ok(Received::Oversized { size, max_size })) => refused(
+                handling.context,
+                format!("{size} bytes is over the mount's max_message_size of {max_size}"),
+                None,
+            ),
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    if taken > 0 {
+        tracing::debug!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            taken,
+            "handled deliveries the broker had already sent (at most once) before stopping"
+        );
     }
 }
 
