@@ -536,3 +536,51 @@ async fn messages_reusing_one_message_id_do_not_switch_a_mount_to_copies() -> an
     client.close().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_retry_count_is_not_believed_where_counts_are_sealed() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let q = unique("sealed");
+    let key = crate::process::TempFile::new("key", "a shared secret")?;
+    let mount =
+        MountToml::new("m", "fixture_script", &q).with("retry = \"copy\"\nmax_attempts = 3");
+    let text = tenants_text(
+        &url,
+        &format!("retry_key_file = \"{}\"", key.0.display()),
+        &[TenantToml::new("t", vec![mount])],
+    );
+    let mut host =
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    let mut client = Client::connect(&url).await?;
+    // Claims four earlier retries: believed, it would be past the limit.
+    let forged = unique("forged");
+    client
+        .publish(
+            &q,
+            TestMessage::new(&forged, "x")
+                .header(0)
+                .retry_count(4)
+                .script("1:ack *:drop"),
+        )
+        .await?;
+    let handled = host.handled(&forged).await?;
+    assert_eq!(handled.attempt, 1, "{handled:?}");
+    assert_eq!(handled.disposition, Some(Disposition::Accepted));
+    // The host's own copies carry their seal, and count on.
+    let genuine = unique("genuine");
+    client
+        .publish(
+            &q,
+            TestMessage::new(&genuine, "x")
+                .header(0)
+                .script("1:retry 2:retry *:ack"),
+        )
+        .await?;
+    attempts(&mut host, &genuine, 3).await?;
+    println!(
+        "sealed retry counts: a forged count of 4 was handled as attempt 1; sealed copies counted 1, 2, 3"
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -21,6 +21,7 @@ use crate::grants::{
     AddressOwners, AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
     ReplyGrant,
 };
+use crate::message::RetryKey;
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_duration, parse_size};
 
@@ -127,6 +128,10 @@ pub struct Config {
     pub admin: Option<Admin>,
     /// Every tenant, in file order.
     pub tenants: Vec<Tenant>,
+    /// The key copies' retry counts are sealed with, and checked by: a
+    /// count without a valid seal is not believed. `None` believes every
+    /// count, as other runtimes using `x-ruststream-retry-count` expect.
+    pub retry_key: Option<RetryKey>,
 }
 
 /// The HTTP listener for `/metrics`, `/healthz` and `/readyz`.
@@ -244,6 +249,13 @@ pub struct HostSettings {
     /// no mount takes another delivery (their credit is not renewed).
     #[serde(default = "default_max_buffered", deserialize_with = "units::size")]
     pub max_buffered: u64,
+    /// The file holding the key retry counts are sealed with (see
+    /// [`Config::retry_key`]).
+    #[serde(default)]
+    pub retry_key_file: Option<Spanned<PathBuf>>,
+    /// Or the environment variable holding it.
+    #[serde(default)]
+    pub retry_key_env: Option<Spanned<String>>,
 }
 
 impl Default for HostSettings {
@@ -252,6 +264,8 @@ impl Default for HostSettings {
             shutdown_grace: default_grace(),
             max_instances: default_max_instances(),
             max_buffered: default_max_buffered(),
+            retry_key_file: None,
+            retry_key_env: None,
         }
     }
 }
@@ -743,12 +757,21 @@ impl Config {
                 mount.grants.http.admin = Some(admin.listen);
             }
         }
+        let retry_key = checker
+            .secret(
+                "[host]",
+                raw.host.retry_key_file.as_ref(),
+                raw.host.retry_key_env.as_ref(),
+                "retry_key",
+            )?
+            .map(|secret| RetryKey::new(secret.expose().as_bytes()));
         Ok(Config {
             path: path.to_owned(),
             broker,
             host: raw.host,
             admin,
             tenants,
+            retry_key,
         })
     }
 

@@ -7,6 +7,7 @@
 //! be lost because it says more than the spec allows.
 
 pub mod limits;
+mod seal;
 mod sections;
 mod view;
 
@@ -20,6 +21,7 @@ use fe2o3_amqp_types::primitives::{Symbol, Value};
 
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
 use limits::ValueLimits;
+pub use seal::{RETRY_SEAL_PROPERTY, RetryKey};
 pub use sections::DecodeFailure;
 pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};
 
@@ -157,7 +159,9 @@ impl AmqpMessage {
             .iter()
             .find(|(key, _)| key == ARTEMIS_DUPLICATE_ID)
             .map(|(_, value)| copy_duplicate_id(value, retry_count));
-        properties.retain(|(key, _)| key != RETRY_COUNT_PROPERTY && !reserved_property(key));
+        properties.retain(|(key, _)| {
+            key != RETRY_COUNT_PROPERTY && key != RETRY_SEAL_PROPERTY && !reserved_property(key)
+        });
         properties.push((RETRY_COUNT_PROPERTY.to_owned(), Value::Uint(retry_count)));
         if let Some(id) = duplicate_id {
             properties.push((ARTEMIS_DUPLICATE_ID.to_owned(), Value::String(id)));

@@ -218,6 +218,7 @@ impl Control {
             self.config.host.shutdown_grace,
             generation,
             self.buffered.clone(),
+            self.config.retry_key.clone(),
         ))
     }
 

@@ -33,10 +33,20 @@ pub(super) async fn handle(
     let spec = context.spec.clone();
     let Inbound {
         info,
-        message,
+        mut message,
         payload,
         ..
     } = inbound;
+    if let Some(key) = &spec.retry_key
+        && message.unsealed_count_dropped(key)
+    {
+        tracing::warn!(
+            tenant = &*spec.tags.tenant,
+            mount = &*spec.tags.mount,
+            message_id = message.message_id(),
+            "a retry count without a valid seal is not believed: the delivery counts as a first one"
+        );
+    }
     let counters = message.counters();
     let attempt = counters.attempt();
     let message_id = message.message_id();

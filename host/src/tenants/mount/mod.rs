@@ -26,7 +26,7 @@ use super::supervisor::{self, State, Supervised};
 use crate::admin::{Health, MountMetrics};
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::broker::management::{self, QueueInfo, QueueKind};
-use crate::broker::message::AmqpMessage;
+use crate::broker::message::{AmqpMessage, RetryKey};
 use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
 use crate::config::{Broker, Mount};
 use crate::events::Event;
@@ -110,6 +110,8 @@ pub(crate) struct MountSpec {
     pub(crate) generation: u64,
     /// Bytes of deliveries the whole host holds.
     pub(crate) host_buffered: Buffered,
+    /// The key copies' retry counts are sealed with, if any.
+    pub(crate) retry_key: Option<RetryKey>,
     /// The queue behind the address, once asked: `Some(None)` when the
     /// broker has no such queue.
     queue: Mutex<Option<Option<QueueInfo>>>,
@@ -163,6 +165,7 @@ impl MountSpec {
         grace: Duration,
         generation: u64,
         host_buffered: Buffered,
+        retry_key: Option<RetryKey>,
     ) -> MountSpec {
         MountSpec {
             publish_backoff: Mutex::new(Backoff::new(BackoffPolicy {
@@ -179,6 +182,7 @@ impl MountSpec {
             grace,
             generation,
             host_buffered,
+            retry_key,
             queue: Mutex::new(None),
             count_by_copy: AtomicBool::new(false),
             returned: Mutex::new(HashMap::new()),

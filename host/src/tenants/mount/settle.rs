@@ -259,7 +259,10 @@ async fn publish_one(
                     None
                 }
             };
-            let copy = arrived.message.copy(retry_count, due);
+            let mut copy = arrived.message.copy(retry_count, due);
+            if let Some(key) = &spec.retry_key {
+                copy.seal_retry_count(key);
+            }
             let published = match copy.encode() {
                 Ok(payload) => published(
                     context
