@@ -409,12 +409,13 @@ mod tests {
     #[test]
     fn an_empty_array_without_its_element_constructor_passes() {
         let written = [0x00, 0x53, 0x77, 0xe0, 0x01, 0x00];
-        assert_eq!(check(&written, ValueLimits::DEFAULT), Ok(vec![0..6]));
-        let with_constructor = [0x00, 0x53, 0x77, 0xf0, 0, 0, 0, 5, 0, 0, 0, 0, 0x41];
         assert_eq!(
-            check(&with_constructor, ValueLimits::DEFAULT),
-            Ok(vec![0..13])
+            check(&written, ValueLimits::DEFAULT).map(|s| s.len()),
+            Ok(1)
         );
+        let with_constructor = [0x00, 0x53, 0x77, 0xf0, 0, 0, 0, 5, 0, 0, 0, 0, 0x41];
+        let sections = check(&with_constructor, ValueLimits::DEFAULT);
+        assert_eq!(sections.map(|s| s.last().map(|r| r.end)), Ok(Some(13)));
     }
 
     /// Found by fuzzing: serde_amqp counts a map's entries down two at a
