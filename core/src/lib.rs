@@ -7,6 +7,7 @@
 //!   and what a handler sees of them;
 //! - [`grants`]: what a mount's handlers may reach (addresses, origins);
 //! - [`endpoint`], [`tls`]: where a broker is and how to trust it;
+//! - [`retry_key`]: the key copies' retry counts are sealed with;
 //! - [`backoff`]: waits between attempts;
 //! - [`words`]: AMQP conditions and outcomes as a person reads them.
 
@@ -15,6 +16,7 @@ pub mod config;
 pub mod endpoint;
 pub mod grants;
 pub mod message;
+pub mod retry_key;
 pub mod settlement;
 pub mod tls;
 pub mod words;

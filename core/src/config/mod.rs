@@ -21,7 +21,7 @@ use crate::grants::{
     AddressOwners, AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
     ReplyGrant,
 };
-use crate::message::RetryKey;
+use crate::retry_key::RetryKey;
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_duration, parse_size};
 

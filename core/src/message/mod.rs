@@ -19,9 +19,10 @@ use fe2o3_amqp_types::messaging::{
 };
 use fe2o3_amqp_types::primitives::{Symbol, Value};
 
+pub use crate::retry_key::RetryKey;
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
 use limits::ValueLimits;
-pub use seal::{RETRY_SEAL_PROPERTY, RetryKey};
+pub use seal::RETRY_SEAL_PROPERTY;
 pub use sections::DecodeFailure;
 pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};
 

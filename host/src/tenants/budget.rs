@@ -57,7 +57,30 @@ impl Buffered {
     }
 }
 
-/// Room for one delivery: a running slot and a pending-copy slot, held
+/// What a delivery holds from when it is taken off its link until it is
+/// settled: its place among the mount's unsettled deliveries, and its bytes
+/// in its tenant's and the host's [`Buffered`] budgets.
+pub(crate) struct Room {
+    _unsettled: OwnedSemaphorePermit,
+    _tenant: OwnedSemaphorePermit,
+    _host: OwnedSemaphorePermit,
+}
+
+impl Room {
+    pub(crate) fn new(
+        unsettled: OwnedSemaphorePermit,
+        tenant: OwnedSemaphorePermit,
+        host: OwnedSemaphorePermit,
+    ) -> Room {
+        Room {
+            _unsettled: unsettled,
+            _tenant: tenant,
+            _host: host,
+        }
+    }
+}
+
+/// A delivery's admission to run: a running slot and a pending-copy slot, held
 /// until the delivery is settled. A delivery whose copy waits out a delay
 /// gives its running slot back and keeps the pending-copy slot.
 pub(crate) struct Admission {

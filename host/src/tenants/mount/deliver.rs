@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::attach::MountContext;
-use super::receive::Room;
 use super::settle::{self, Arrived, Settler};
 use crate::broker::Inbound;
 use crate::broker::message::{self, DeliveryContext};
@@ -18,6 +17,7 @@ use crate::config::Settle;
 use crate::events::{Event, Handled};
 use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
 use crate::settlement::{self, Disposition, HandlerResult, Outcome, Publish};
+use crate::tenants::budget::Room;
 
 /// Runs the handler on one delivery and carries out the plan for its
 /// outcome. `handler_slot`, one of the mount's `concurrency`, is given

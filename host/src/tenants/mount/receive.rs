@@ -24,6 +24,7 @@ use crate::config::Settle;
 use crate::events::Event;
 use crate::sandbox::LogTags;
 use crate::settlement::Disposition;
+use crate::tenants::budget::Room;
 
 /// How often kept instances are checked for being idle too long.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
@@ -259,15 +260,6 @@ async fn take_the_rest(
     }
 }
 
-/// What a delivery holds until it is settled: its place among the mount's
-/// unsettled deliveries, and its bytes in its tenant's and the host's
-/// budgets.
-pub(super) struct Room {
-    _unsettled: OwnedSemaphorePermit,
-    _tenant: OwnedSemaphorePermit,
-    _host: OwnedSemaphorePermit,
-}
-
 /// A delivery taken off the link, waiting for room for its bytes.
 type Admitting = Pin<Box<dyn Future<Output = (Box<Inbound>, Room)> + Send>>;
 
@@ -280,12 +272,7 @@ fn admit(
     Box::pin(async move {
         let tenant = spec.tenant.buffered().hold(inbound.size).await;
         let host = spec.host_buffered.hold(inbound.size).await;
-        let room = Room {
-            _unsettled: unsettled,
-            _tenant: tenant,
-            _host: host,
-        };
-        (inbound, room)
+        (inbound, Room::new(unsettled, tenant, host))
     })
 }
 
