@@ -276,9 +276,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         ReplyGrant::Denied
                     },
                     outputs: OutputLimits::default(),
+                    // On a developer's machine its own services are what a
+                    // handler under development calls.
                     http: HttpGrants {
                         allowed: http,
                         admin: None,
+                        allow_private_networks: true,
                     },
                 },
                 reply_to,

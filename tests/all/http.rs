@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use anyhow::Context as _;
 use rustls::pki_types::PrivatePkcs8KeyDer;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -14,8 +15,8 @@ use wharf::settlement::Disposition;
 use crate::client::{Client, TestMessage};
 use crate::process::WharfProcess;
 use crate::{
-    MountToml, TenantToml, TestHost, artemis_url, assert_failed, start_with_client, tenants_text,
-    unique,
+    MountToml, TenantToml, TestHost, artemis_url, assert_failed, repo_root, start_with_client,
+    tenants_text, unique,
 };
 
 /// An HTTP/1.1 server on loopback: `GET /echo/TEXT` answers `TEXT`,
@@ -185,14 +186,8 @@ async fn a_handler_reaches_the_origins_it_is_granted_and_nothing_else() -> anyho
         "{handled:?}"
     );
 
-    // A wildcard reaches ordinary addresses, but not a metadata or a
-    // link-local one: those only a grant naming their IP reaches.
-    let handled = fetch(&mut host, &mut client, &wildcard, &at(&other, "z"), "z").await?;
-    assert_eq!(
-        handled.disposition,
-        Some(Disposition::Accepted),
-        "{handled:?}"
-    );
+    // A wildcard reaches neither a metadata nor a link-local address: those
+    // only a grant naming their IP reaches.
     for guarded in ["http://169.254.169.254/latest", "http://169.254.1.1:8080/"] {
         let handled = fetch(&mut host, &mut client, &wildcard, guarded, "z").await?;
         assert_eq!(
@@ -202,7 +197,94 @@ async fn a_handler_reaches_the_origins_it_is_granted_and_nothing_else() -> anyho
         );
     }
     assert_eq!(granted.requests().len(), 1, "{:?}", granted.requests());
-    assert_eq!(other.requests(), ["GET /echo/z HTTP/1.1"]);
+    assert!(other.requests().is_empty(), "{:?}", other.requests());
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+/// Fetches each of `urls` through the mount on `queue` and returns the
+/// dispositions.
+async fn fetch_all(
+    host: &mut TestHost,
+    client: &mut Client,
+    queue: &str,
+    urls: &[String],
+) -> anyhow::Result<Vec<Option<Disposition>>> {
+    let mut dispositions = Vec::new();
+    for url in urls {
+        dispositions.push(fetch(host, client, queue, url, "p").await?.disposition);
+    }
+    Ok(dispositions)
+}
+
+#[tokio::test]
+async fn a_wildcard_reaches_no_private_address_unless_the_host_allows_it() -> anyhow::Result<()> {
+    let server = Server::start().await?;
+    let port = server
+        .origin()
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_owned())
+        .context("port")?;
+    let (wildcard, named) = (unique("http-any"), unique("http-named"));
+    let mounts = [
+        mount("wildcard", &wildcard, &["*://*:*"], &["max_attempts = 1"]),
+        mount(
+            "named",
+            &named,
+            &[&format!("http://localhost:{port}")],
+            &["max_attempts = 1"],
+        ),
+    ];
+    let text = |host_extra: &str| {
+        tenants_text(
+            &artemis_url(),
+            host_extra,
+            &[TenantToml::new("t", mounts.to_vec())],
+        )
+    };
+    let (mut host, mut client) = (
+        TestHost::start_config(Config::parse(&text(""), &repo_root().join("t.toml"))?).await?,
+        Client::connect(&artemis_url()).await?,
+    );
+    // Loopback by IP, by name, IPv4-mapped; 10.0.0.1 through NAT64; an
+    // RFC 1918 address: each refused before any connection is tried (the
+    // fixture drops on a refusal and retries on any other failure).
+    let private: Vec<String> = [
+        format!("http://127.0.0.1:{port}/echo/p"),
+        format!("http://localhost:{port}/echo/p"),
+        format!("http://[::ffff:127.0.0.1]:{port}/echo/p"),
+        format!("http://[64:ff9b::a00:1]:{port}/echo/p"),
+        format!("http://10.255.255.1:{port}/echo/p"),
+    ]
+    .into();
+    let refused = fetch_all(&mut host, &mut client, &wildcard, &private).await?;
+    assert_eq!(
+        refused,
+        vec![Some(Disposition::Rejected); private.len()],
+        "{private:?}"
+    );
+    // A grant naming the host reaches it.
+    let by_name = [format!("http://localhost:{port}/echo/p")];
+    let reached = fetch_all(&mut host, &mut client, &named, &by_name).await?;
+    assert_eq!(reached, [Some(Disposition::Accepted)]);
+    assert_eq!(server.requests().len(), 1, "{:?}", server.requests());
+    host.stop().await?;
+
+    // With `allow_private_networks` the wildcard reaches loopback too.
+    let config = Config::parse(
+        &text("allow_private_networks = true"),
+        &repo_root().join("t.toml"),
+    )?;
+    let mut host = TestHost::start_config(config).await?;
+    let reached = fetch_all(&mut host, &mut client, &wildcard, &private[..2]).await?;
+    assert_eq!(reached, [Some(Disposition::Accepted); 2]);
+    assert_eq!(server.requests().len(), 3, "{:?}", server.requests());
+    println!(
+        "http: a wildcard grant refused {} private addresses, a named host reached, {} reached with allow_private_networks",
+        private.len(),
+        reached.len()
+    );
     host.stop().await?;
     client.close().await;
     Ok(())

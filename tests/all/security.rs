@@ -1,6 +1,7 @@
 //! Trust boundaries: secrets never reach a log, an error, a metric or
-//! `wharf check`; the admin endpoint wants its token and outlasts clients
-//! that never finish; TLS to the broker (see `tls.rs` for the TLS broker).
+//! `wharf check`; the admin endpoint wants its token, outlasts clients
+//! that never finish and answers `/healthz` under a flood of them; TLS to
+//! the broker (see `tls.rs` for the TLS broker).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -335,6 +336,62 @@ async fn the_admin_endpoint_wants_its_token_and_outlasts_clients_that_never_fini
         2 * wharf::admin::MAX_CONNECTIONS
     );
     assert_eq!(closed, 2 * wharf::admin::MAX_CONNECTIONS);
+    host.stop().await?;
+    Ok(())
+}
+
+/// Keeps `count` clients connected to `address`, each sending half a
+/// request and then nothing, re-opening every one the listener closes,
+/// until dropped.
+fn flood(address: std::net::SocketAddr, count: usize) -> tokio::task::JoinSet<()> {
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        clients.spawn(async move {
+            loop {
+                let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+                    continue;
+                };
+                if stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\n")
+                    .await
+                    .is_err()
+                {
+                    continue;
+                }
+                // Until the listener closes it.
+                let _ = stream.read(&mut [0u8; 64]).await;
+            }
+        });
+    }
+    clients
+}
+
+#[tokio::test]
+async fn healthz_answers_within_a_second_while_200_slow_clients_hold_the_admin_port()
+-> anyhow::Result<()> {
+    let queue = unique("admin-flood");
+    let text = format!(
+        "{}[admin]\nlisten = \"127.0.0.1:0\"\n",
+        config_text(&artemis_url(), &[MountToml::new("m", "ack", &queue)]),
+    );
+    let host =
+        crate::TestHost::start_config(Config::parse(&text, &repo_root().join("t.toml"))?).await?;
+    let address = host.host().admin_address().context("admin listener")?;
+    let clients = flood(address, 200);
+    let mut slowest = Duration::ZERO;
+    const PROBES: usize = 20;
+    for _ in 0..PROBES {
+        let asked = tokio::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(1), get(address, "/healthz", None))
+            .await
+            .context("/healthz took more than 1 s")??;
+        slowest = slowest.max(asked.elapsed());
+        assert!(answer.0.contains("200"), "{answer:?}");
+    }
+    drop(clients);
+    println!(
+        "admin: 200 slow clients re-opened as closed, {PROBES} /healthz answered, slowest in {slowest:?}"
+    );
     host.stop().await?;
     Ok(())
 }

@@ -256,6 +256,10 @@ pub struct HostSettings {
     /// Or the environment variable holding it.
     #[serde(default)]
     pub retry_key_env: Option<Spanned<String>>,
+    /// Whether a wildcard HTTP grant reaches private addresses (loopback,
+    /// RFC 1918, CGNAT, ULA); without it only a grant naming the host does.
+    #[serde(default)]
+    pub allow_private_networks: bool,
 }
 
 impl Default for HostSettings {
@@ -266,6 +270,7 @@ impl Default for HostSettings {
             max_buffered: default_max_buffered(),
             retry_key_file: None,
             retry_key_env: None,
+            allow_private_networks: false,
         }
     }
 }
@@ -751,11 +756,10 @@ impl Config {
         }
         checker.sends_stay_home(&sends, &owners)?;
         let admin = raw.admin.map(|a| checker.admin(a)).transpose()?;
-        // Handlers reach the admin listener only through a grant naming it.
-        if let Some(admin) = &admin {
-            for mount in tenants.iter_mut().flat_map(|t| &mut t.mounts) {
-                mount.grants.http.admin = Some(admin.listen);
-            }
+        for mount in tenants.iter_mut().flat_map(|t| &mut t.mounts) {
+            // Handlers reach the admin listener only through a grant naming it.
+            mount.grants.http.admin = admin.as_ref().map(|admin| admin.listen);
+            mount.grants.http.allow_private_networks = raw.host.allow_private_networks;
         }
         let retry_key = checker
             .secret(

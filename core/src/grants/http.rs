@@ -1,5 +1,5 @@
 //! Whom a handler may call over HTTP: origin patterns from `grants.http`,
-//! and the addresses only a literal grant reaches.
+//! and the addresses a wildcard does not reach.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -117,6 +117,12 @@ impl HttpPattern {
         self.host == HostPattern::Ip(ip)
     }
 
+    /// Whether the pattern names its host without `*`: what reaches a
+    /// private address without `[host] allow_private_networks`.
+    pub fn names_host(&self) -> bool {
+        matches!(self.host, HostPattern::Name(_) | HostPattern::Ip(_))
+    }
+
     /// Whether a request to `target` is one this pattern allows.
     pub fn matches(&self, target: &Target) -> bool {
         let scheme = self.scheme.as_deref().is_none_or(|s| s == target.scheme);
@@ -149,6 +155,23 @@ pub struct HttpGrants {
     pub allowed: Vec<HttpPattern>,
     /// The host's admin listener, which only a literal grant reaches.
     pub admin: Option<SocketAddr>,
+    /// `[host] allow_private_networks`: wildcards reach private addresses.
+    pub allow_private_networks: bool,
+}
+
+impl HttpGrants {
+    /// Whether `pattern`, the grant that allowed a request, may connect to
+    /// `addr`; otherwise why not.
+    pub fn reaches(&self, pattern: &HttpPattern, addr: SocketAddr) -> Result<(), Guarded> {
+        match guarded(addr, self.admin) {
+            Some(Guarded::UnlessIpGranted(_)) if pattern.names_ip(addr.ip()) => Ok(()),
+            Some(Guarded::Private(_)) if pattern.names_host() || self.allow_private_networks => {
+                Ok(())
+            }
+            Some(guard) => Err(guard),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Where a request goes, read from its URL.
@@ -200,16 +223,54 @@ impl Target {
     }
 }
 
-/// Why a resolved address is out of a handler's reach unless granted by
-/// its literal IP.
-pub fn guarded(addr: SocketAddr, admin: Option<SocketAddr>) -> Option<&'static str> {
+/// Why a resolved address is out of reach of a wildcard grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarded {
+    /// Reached only by a grant naming this very IP address: link-local,
+    /// cloud metadata, unspecified, multicast, the host's admin listener.
+    UnlessIpGranted(&'static str),
+    /// Reached only by a grant naming its host (name or IP) without `*`, or
+    /// with `[host] allow_private_networks`: loopback, RFC 1918, CGNAT, ULA.
+    Private(&'static str),
+}
+
+impl Guarded {
+    /// What kind of address it is, for the refusal.
+    pub fn why(self) -> &'static str {
+        match self {
+            Guarded::UnlessIpGranted(why) | Guarded::Private(why) => why,
+        }
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, where it is a form that
+/// reaches that IPv4 host: IPv4-mapped and -compatible, NAT64
+/// (`64:ff9b::/96`, `64:ff9b:1::/48`), 6to4 (`2002::/16`) and Teredo's
+/// client (`2001::/32`).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    match s {
+        [0, 0, 0, 0, 0, 0xffff, hi, lo] => Some(v4(hi, lo)),
+        // `::` and `::1` are IPv6's own unspecified and loopback.
+        [0, 0, 0, 0, 0, 0, 0, 0 | 1] => None,
+        [0, 0, 0, 0, 0, 0, hi, lo] => Some(v4(hi, lo)),
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] | [0x64, 0xff9b, 1, _, _, _, hi, lo] => Some(v4(hi, lo)),
+        [0x2002, hi, lo, ..] => Some(v4(hi, lo)),
+        [0x2001, 0, ..] => Some(v4(!s[6], !s[7])),
+        _ => None,
+    }
+}
+
+/// Whether a resolved address is out of reach of a wildcard grant, and why.
+pub fn guarded(addr: SocketAddr, admin: Option<SocketAddr>) -> Option<Guarded> {
     const METADATA_V4: [Ipv4Addr; 2] = [
         Ipv4Addr::new(169, 254, 169, 254),
         Ipv4Addr::new(100, 100, 100, 200),
     ];
     const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
     let ip = match addr.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        IpAddr::V6(v6) => embedded_v4(v6).map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     };
     let is_admin = admin.is_some_and(|admin| {
@@ -218,15 +279,32 @@ pub fn guarded(addr: SocketAddr, admin: Option<SocketAddr>) -> Option<&'static s
                 || admin.ip().is_unspecified()
                 || (admin.ip().is_loopback() && ip.is_loopback()))
     });
-    match ip {
-        _ if is_admin => Some("the host's admin listener"),
-        IpAddr::V4(v4) if METADATA_V4.contains(&v4) => Some("a cloud metadata address"),
-        IpAddr::V6(v6) if v6 == METADATA_V6 => Some("a cloud metadata address"),
-        IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local address"),
-        IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => Some("a link-local address"),
-        ip if ip.is_unspecified() => Some("the unspecified address"),
-        _ => None,
-    }
+    use Guarded::{Private, UnlessIpGranted};
+    let guard = match ip {
+        _ if is_admin => UnlessIpGranted("the host's admin listener"),
+        IpAddr::V4(v4) if METADATA_V4.contains(&v4) => UnlessIpGranted("a cloud metadata address"),
+        IpAddr::V6(v6) if v6 == METADATA_V6 => UnlessIpGranted("a cloud metadata address"),
+        IpAddr::V4(v4) if v4.is_link_local() => UnlessIpGranted("a link-local address"),
+        IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
+            UnlessIpGranted("a link-local address")
+        }
+        IpAddr::V4(v4) if v4.octets()[0] == 0 || v4.is_broadcast() => {
+            UnlessIpGranted("the unspecified address")
+        }
+        ip if ip.is_unspecified() => UnlessIpGranted("the unspecified address"),
+        ip if ip.is_multicast() => UnlessIpGranted("a multicast address"),
+        ip if ip.is_loopback() => Private("a loopback address"),
+        IpAddr::V4(v4) if v4.is_private() => Private("a private (RFC 1918) address"),
+        IpAddr::V4(v4) if v4.octets()[0] == 100 && v4.octets()[1] & 0xc0 == 64 => {
+            Private("a shared (CGNAT) address")
+        }
+        IpAddr::V6(v6) if v6.segments()[0] & 0xfe00 == 0xfc00 => {
+            Private("a unique local (ULA) address")
+        }
+        IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfec0 => Private("a site-local address"),
+        _ => return None,
+    };
+    Some(guard)
 }
 
 #[cfg(test)]
@@ -288,20 +366,114 @@ mod tests {
         }
     }
 
+    fn at(s: &str) -> SocketAddr {
+        s.parse().expect("an address")
+    }
+
     #[test]
-    fn metadata_link_local_and_the_admin_listener_are_guarded() {
-        let at = |s: &str| s.parse::<SocketAddr>().expect("an address");
+    fn metadata_link_local_and_the_admin_listener_are_reached_by_their_ip_only() {
         let admin = Some(at("127.0.0.1:9090"));
-        assert!(guarded(at("169.254.169.254:80"), None).is_some());
-        assert!(guarded(at("[fd00:ec2::254]:80"), None).is_some());
-        assert!(guarded(at("169.254.1.1:80"), None).is_some());
-        assert!(guarded(at("[fe80::1]:80"), None).is_some());
-        assert!(guarded(at("[::ffff:169.254.169.254]:80"), None).is_some());
-        assert!(guarded(at("0.0.0.0:80"), None).is_some());
-        assert!(guarded(at("127.0.0.1:9090"), admin).is_some());
-        assert!(guarded(at("127.0.0.2:9090"), admin).is_some());
-        assert!(guarded(at("127.0.0.1:9091"), admin).is_none());
-        assert!(guarded(at("10.0.0.1:9090"), admin).is_none());
-        assert!(guarded(at("93.184.216.34:443"), admin).is_none());
+        let ip_only =
+            |s: &str, admin| matches!(guarded(at(s), admin), Some(Guarded::UnlessIpGranted(_)));
+        for addr in [
+            "169.254.169.254:80",
+            "[fd00:ec2::254]:80",
+            "169.254.1.1:80",
+            "[fe80::1]:80",
+            "[::ffff:169.254.169.254]:80",
+            "0.0.0.0:80",
+            "[::]:80",
+            "255.255.255.255:80",
+            "224.0.0.1:80",
+            "[ff02::1]:80",
+        ] {
+            assert!(ip_only(addr, None), "{addr}");
+        }
+        assert!(ip_only("127.0.0.1:9090", admin));
+        assert!(ip_only("127.0.0.2:9090", admin));
+        assert!(!ip_only("127.0.0.1:9091", admin));
+        assert!(!ip_only("10.0.0.1:9090", admin));
+        assert_eq!(guarded(at("93.184.216.34:443"), admin), None);
+    }
+
+    #[test]
+    fn private_addresses_in_every_form_are_kept_from_wildcards() {
+        for addr in [
+            "127.0.0.1:80",
+            "127.1.2.3:80",
+            "[::1]:80",
+            "10.1.2.3:80",
+            "172.16.0.1:80",
+            "172.31.255.255:80",
+            "192.168.1.1:80",
+            "100.64.0.1:80",
+            "100.127.255.255:80",
+            "[fd12:3456::1]:80",
+            "[fc00::1]:80",
+            "[fec0::1]:80",
+            // 10.0.0.1 mapped, IPv4-compatible, NAT64, local NAT64, 6to4,
+            // and a Teredo client.
+            "[::ffff:10.0.0.1]:80",
+            "[::10.0.0.1]:80",
+            "[64:ff9b::10.0.0.1]:80",
+            "[64:ff9b:1::a00:1]:80",
+            "[2002:a00:1::1]:80",
+            "[2001:0:4136:e378:8000:63bf:f5ff:fffe]:80",
+            "[64:ff9b::127.0.0.1]:80",
+        ] {
+            assert!(
+                matches!(guarded(at(addr), None), Some(Guarded::Private(_))),
+                "{addr}: {:?}",
+                guarded(at(addr), None)
+            );
+        }
+        // Public addresses, in the same forms.
+        for addr in [
+            "93.184.216.34:443",
+            "100.128.0.1:443",
+            "172.32.0.1:443",
+            "[2606:2800:220:1::1]:443",
+            "[64:ff9b::93.184.216.34]:443",
+            "[2002:5db8:d822::1]:443",
+        ] {
+            assert_eq!(guarded(at(addr), None), None, "{addr}");
+        }
+    }
+
+    #[test]
+    fn a_private_address_is_reached_by_a_grant_naming_its_host_or_when_allowed() {
+        let pattern = |p: &str| HttpPattern::parse(p).expect("a pattern");
+        let mut grants = HttpGrants::default();
+        let loopback = at("127.0.0.1:8080");
+        assert!(grants.reaches(&pattern("*://*:*"), loopback).is_err());
+        assert!(
+            grants
+                .reaches(&pattern("http://*.corp:*"), loopback)
+                .is_err()
+        );
+        assert!(
+            grants
+                .reaches(&pattern("http://localhost:8080"), loopback)
+                .is_ok()
+        );
+        assert!(
+            grants
+                .reaches(&pattern("http://127.0.0.1:8080"), loopback)
+                .is_ok()
+        );
+        let metadata = at("169.254.169.254:80");
+        assert!(
+            grants
+                .reaches(&pattern("http://metadata.internal"), metadata)
+                .is_err()
+        );
+        assert!(
+            grants
+                .reaches(&pattern("http://169.254.169.254"), metadata)
+                .is_ok()
+        );
+        grants.allow_private_networks = true;
+        assert!(grants.reaches(&pattern("*://*:*"), loopback).is_ok());
+        assert!(grants.reaches(&pattern("*://*:*"), metadata).is_err());
     }
 }

@@ -6,7 +6,7 @@ mod replies;
 
 use std::collections::BTreeMap;
 
-pub use http::{BadHttpPattern, Host, HttpGrants, HttpPattern, Target, guarded};
+pub use http::{BadHttpPattern, Guarded, Host, HttpGrants, HttpPattern, Target, guarded};
 pub use replies::{AddressOwners, ReplyGrant, system_address};
 
 /// What a mount's handlers may use beyond computing on their delivery.

@@ -5,10 +5,12 @@
 //!
 //! With a token, every request but `/healthz` must carry it
 //! (`Authorization: Bearer ...`). Connections are capped and each has a
-//! deadline for its request and its answer, so clients that never send or
-//! never read cannot hold the listener.
+//! deadline for its request and its answer; over the cap, the connection
+//! that has waited longest for its request is closed to make way. So
+//! clients that never send or never read cannot hold the listener, and a
+//! liveness probe is answered under a flood of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +31,9 @@ const MAX_REQUEST: usize = 8 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client may take to read the answer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; further ones are closed at once.
+/// Connections served at once; a further one closes the connection that has
+/// waited longest for its request, or is closed at once when all of them
+/// are being answered.
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// What the host reports about itself: whether it is alive, and where
@@ -130,21 +134,45 @@ impl AdminServer {
             health,
         });
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let reading = Arc::new(Reading::default());
+        // Connections that made way for themselves and wait for the slot.
+        let queue = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     () = stopped.cancelled() => break,
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
-                        // Over the cap the connection is dropped unanswered:
-                        // a flood costs a file descriptor for a moment, no task.
-                        if let Ok(slot) = slots.clone().try_acquire_owned() {
-                            let admin = admin.clone();
-                            tokio::spawn(async move {
-                                admin.answer(stream).await;
-                                drop(slot);
-                            });
-                        }
+                        // Over the cap, the connection that has waited
+                        // longest for its request makes way: slow clients
+                        // then hold a slot only until newer ones arrive, and
+                        // a probe that sends at once is always answered.
+                        let slot = slots.clone().try_acquire_owned().ok();
+                        let queued = match slot {
+                            Some(_) => None,
+                            None => match queue.clone().try_acquire_owned() {
+                                Ok(queued) if reading.evict_oldest() => Some(queued),
+                                // Every slot is answering: dropped unanswered.
+                                _ => continue,
+                            },
+                        };
+                        let (admin, reading, slots) = (admin.clone(), reading.clone(), slots.clone());
+                        tokio::spawn(async move {
+                            // The slot the evicted connection gives back.
+                            let slot = match slot {
+                                Some(slot) => slot,
+                                None => {
+                                    let freed = tokio::time::timeout(READ_TIMEOUT, slots.acquire_owned());
+                                    match freed.await {
+                                        Ok(Ok(slot)) => slot,
+                                        _ => return,
+                                    }
+                                }
+                            };
+                            drop(queued);
+                            admin.answer(stream, &reading).await;
+                            drop(slot);
+                        });
                     }
                 }
             }
@@ -164,6 +192,42 @@ impl Drop for AdminServer {
     }
 }
 
+/// The connections still waiting for their request, oldest first, each
+/// with the token that closes it to make way for a newer one.
+#[derive(Default)]
+struct Reading {
+    waiting: Mutex<(u64, VecDeque<(u64, CancellationToken)>)>,
+}
+
+impl Reading {
+    fn enter(&self) -> (u64, CancellationToken) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let id = waiting.0;
+        waiting.0 += 1;
+        let token = CancellationToken::new();
+        waiting.1.push_back((id, token.clone()));
+        (id, token)
+    }
+
+    fn leave(&self, id: u64) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        waiting.1.retain(|(waiting, _)| *waiting != id);
+    }
+
+    /// Closes the connection that has waited longest; false when none is
+    /// waiting.
+    fn evict_oldest(&self) -> bool {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        match waiting.1.pop_front() {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// What the listener serves, and to whom.
 struct Admin {
     token: Option<Secret>,
@@ -172,9 +236,15 @@ struct Admin {
 }
 
 impl Admin {
-    async fn answer(&self, mut stream: TcpStream) {
-        let Ok(Some(request)) = tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await
-        else {
+    async fn answer(&self, mut stream: TcpStream, reading: &Reading) {
+        let (id, evicted) = reading.enter();
+        let read = tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream));
+        let request = tokio::select! {
+            () = evicted.cancelled() => None,
+            read = read => read.ok().flatten(),
+        };
+        reading.leave(id);
+        let Some(request) = request else {
             return;
         };
         let (status, content_type, body) = self.respond(&request);

@@ -1,9 +1,12 @@
 //! Outbound HTTP for handlers (`wasi:http/outgoing-handler`), deny by
 //! default. wharf sends every request itself: it checks the URL against the
-//! mount's `grants.http`, resolves the host, refuses addresses a handler
-//! must never reach unless the grant names them literally (link-local and
-//! cloud metadata addresses, the unspecified address, the host's own admin
-//! listener), then connects, with TLS from the platform's CAs for `https`.
+//! mount's `grants.http`, resolves the host, refuses addresses a wildcard
+//! grant must not reach (private ones unless the grant names the host or
+//! `[host] allow_private_networks` is set; link-local and cloud metadata
+//! addresses, the unspecified address and the host's own admin listener
+//! unless the grant names the IP), IPv6 forms of IPv4 addresses judged as
+//! the IPv4 address, then connects, with TLS from the platform's CAs for
+//! `https`.
 //! The mount's `timeout` covers the whole call, so a slow server is the
 //! handler's time-out.
 
@@ -18,7 +21,7 @@ use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::store::InstanceSetup;
-use crate::grants::{Host, Target, guarded};
+use crate::grants::{Guarded, Host, Target};
 
 /// The `wasi:http` hooks of one handler instance: every request goes
 /// through the mount's grants.
@@ -57,23 +60,27 @@ impl HttpGate {
                 })?
                 .collect(),
         };
-        let literal = |addr: &SocketAddr| pattern.names_ip(addr.ip());
         let mut refused = None;
         let allowed: Vec<SocketAddr> = found
             .into_iter()
-            .filter(|addr| match guarded(*addr, grants.admin) {
-                Some(why) if !literal(addr) => {
-                    refused = Some((*addr, why));
+            .filter(|addr| match grants.reaches(pattern, *addr) {
+                Ok(()) => true,
+                Err(guard) => {
+                    refused = Some((*addr, guard));
                     false
                 }
-                _ => true,
             })
             .collect();
         match (allowed.is_empty(), refused) {
-            (true, Some((addr, why))) => Err(self.refuse(
-                target,
-                &format!("{addr} is {why}, which only a grant naming its IP reaches"),
-            )),
+            (true, Some((addr, guard))) => {
+                let needs = match guard {
+                    Guarded::UnlessIpGranted(_) => "only a grant naming its IP reaches",
+                    Guarded::Private(_) => {
+                        "only a grant naming its host without `*` (or `[host] allow_private_networks`) reaches"
+                    }
+                };
+                Err(self.refuse(target, &format!("{addr} is {}, which {needs}", guard.why())))
+            }
             (true, None) => Err(Error::DestinationNotFound),
             (false, _) => Ok(allowed),
         }
