@@ -7,6 +7,7 @@
 //! - [`broker`]: AMQP connections, links and publishing;
 //! - [`tenants`]: mounts at work, joining the three above;
 //! - [`events`]: what the host did, for anyone watching;
+//! - [`logging`]: the log writer, which never blocks the runtime;
 //! - [`admin`]: metrics and health over HTTP;
 //! - [`authoring`]: tools for handler authors (`wharf new`, `invoke`,
 //!   `componentize`).
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod authoring;
 pub mod broker;
 pub mod events;
+pub mod logging;
 pub mod sandbox;
 pub mod settlement;
 pub mod tenants;

@@ -173,21 +173,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    let code = match runtime.block_on(run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
+            wharf::logging::flush();
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    wharf::logging::flush();
+    code
 }
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("WHARF_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(wharf::logging::LogWriter::stderr());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -5,6 +5,7 @@
 mod artemis;
 mod faults;
 mod hostile;
+mod hostile_handlers;
 mod http;
 mod languages;
 mod limits;

@@ -187,6 +187,12 @@ pub fn peak_resident(wharf: &WharfProcess) -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// The file descriptors the process holds open.
+pub fn open_fds(wharf: &WharfProcess) -> anyhow::Result<usize> {
+    let pid = wharf.child.id().context("running")?;
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
 /// Sends `signal` (`-TERM`, `-HUP`) to the wharf process.
 pub async fn signal(wharf: &WharfProcess, signal: &str) -> anyhow::Result<()> {
     let pid = wharf.child.id().context("running")?;

@@ -31,10 +31,11 @@ const MAX_REQUEST: usize = 8 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client may take to read the answer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; a further one closes the connection that has
-/// waited longest for its request, or is closed at once when all of them
-/// are being answered.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Connections served at once (each a task and a file descriptor until its
+/// deadline); a further one closes the connection that has waited longest
+/// for its request, or is closed at once when all of them are being
+/// answered.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// What the host reports about itself: whether it is alive, and where
 /// each mount stands.

@@ -63,6 +63,7 @@ pub struct Metrics {
     outputs_undeliverable: Family<MountLabels, Counter>,
     broker_connections: Family<BrokerLabels, Gauge>,
     broker_connections_lost: Family<BrokerLabels, Counter>,
+    log_lines_dropped: Counter,
     /// Every delivery handled, over all mounts: one number to watch.
     handled_total: AtomicU64,
 }
@@ -111,6 +112,11 @@ impl Metrics {
             &mut registry,
             "module_reloads",
             "Module files reloaded after a change, by result (error: the old module keeps serving)",
+        );
+        let log_lines_dropped = registered(
+            &mut registry,
+            "log_lines_dropped",
+            "Log lines dropped because the log's writer was behind (a slow or stalled stderr)",
         );
         let output_dropped = registered(
             &mut registry,
@@ -176,6 +182,7 @@ impl Metrics {
             dead_letters,
             module_reloads,
             output_dropped,
+            log_lines_dropped,
             mounts_running,
             links_up,
             link_failures,
@@ -228,6 +235,9 @@ impl Metrics {
 
     /// Everything in the Prometheus text format.
     pub fn encode(&self) -> String {
+        let dropped = crate::logging::dropped_lines();
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");

@@ -33,6 +33,9 @@ pub struct Sandbox {
 struct Inner {
     engine: Engine,
     linker: Linker<StoreState>,
+    /// The same without `wasi:http`, whose imports each module gets as
+    /// stubs that deny, for mounts without `grants.http`.
+    without_http: Linker<StoreState>,
     /// Compiled code by content digest, so a module used by many mounts (or
     /// reloaded unchanged) is compiled once and kept once.
     compiled: Mutex<HashMap<String, Weak<Compiled>>>,
@@ -90,22 +93,24 @@ impl Sandbox {
                 Engine::new(&config(None)).map_err(to_anyhow)?
             }
         };
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(to_anyhow)?;
-        grants::add_to_linker(&mut linker).map_err(to_anyhow)?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(to_anyhow)?;
-        Handler::add_to_linker::<_, HasSelf<StoreState>>(&mut linker, |state| state)
+        let mut without_http = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut without_http).map_err(to_anyhow)?;
+        grants::add_to_linker(&mut without_http).map_err(to_anyhow)?;
+        Handler::add_to_linker::<_, HasSelf<StoreState>>(&mut without_http, |state| state)
             .map_err(to_anyhow)?;
         super::bindings_0_1::Handler::add_to_linker::<_, HasSelf<StoreState>>(
-            &mut linker,
+            &mut without_http,
             |state| state,
         )
         .map_err(to_anyhow)?;
+        let mut linker = without_http.clone();
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(to_anyhow)?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 engine,
                 linker,
+                without_http,
                 compiled: Mutex::new(HashMap::new()),
                 slots,
                 _ticker: ticker,
@@ -134,6 +139,7 @@ impl Sandbox {
         let module = Module::compile(
             &self.inner.engine,
             &self.inner.linker,
+            &self.inner.without_http,
             path,
             &bytes,
             version,

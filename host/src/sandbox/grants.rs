@@ -1,11 +1,17 @@
 //! Capability grants: which WASI interfaces a mount's handlers may really
-//! use. Every WASI interface stays linked, because toolchains' standard
+//! use. Every WASI interface stays importable, because toolchains' standard
 //! libraries import many they never call; an ungranted one denies at call
 //! time. Clocks and random fail the call (the handler then fails and is
-//! retried); the environment is empty. Either way the log names the grant
-//! the mount would need.
+//! retried); the environment is empty. A mount without `grants.http` gets
+//! no `wasi:http` at all: its imports are stubs that deny, so nothing of it
+//! (headers, bodies, connections) is ever held on the host. Either way the
+//! log names the grant the mount would need.
 
-use wasmtime::component::{HasData, Linker, Resource};
+use std::borrow::Cow;
+
+use wasmtime::Engine;
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Component, HasData, Linker, Resource};
 use wasmtime_wasi::cli::WasiCliView as _;
 use wasmtime_wasi::clocks::WasiClocksView as _;
 use wasmtime_wasi::p2::DynPollable;
@@ -19,12 +25,12 @@ use super::store::StoreState;
 /// A WASI call the mount has not been granted. It fails the handler call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "called `{function}`, which this mount does not grant; add `{grant} = true` to the mount's [grants]"
+    "called `{function}`, which this mount does not grant; add `{grant}` to the mount's [grants]"
 )]
 pub struct Denied {
     /// The WASI function, e.g. `wasi:random/random.get-random-bytes`.
-    pub function: &'static str,
-    /// The grant key that would allow it.
+    pub function: Cow<'static, str>,
+    /// The grant that would allow it, e.g. `random = true`.
     pub grant: &'static str,
 }
 
@@ -40,6 +46,50 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
     environment::add_to_linker::<_, Guarded>(linker, guard)?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// `base` (every interface but `wasi:http`) with every `wasi:http`
+/// interface `component` imports defined as stubs that deny: the linker of
+/// a mount without `grants.http`. Its resource types are those of `full`,
+/// which links the real `wasi:http`, so the component's other imports
+/// (streams, pollables) still match; none of them is ever constructed.
+pub(crate) fn without_http(
+    full: &Linker<StoreState>,
+    base: &Linker<StoreState>,
+    engine: &Engine,
+    component: &Component,
+) -> wasmtime::Result<Linker<StoreState>> {
+    let mut linker = base.clone();
+    let ty = full.substituted_component_type(component)?;
+    for (name, import) in ty.imports(engine) {
+        let ComponentItem::ComponentInstance(instance) = import.ty else {
+            continue;
+        };
+        if !name.starts_with("wasi:http/") {
+            continue;
+        }
+        let mut stubs = linker.instance(name)?;
+        for (item, export) in instance.exports(engine) {
+            match export.ty {
+                ComponentItem::ComponentFunc(_) => {
+                    let function: Cow<'static, str> = format!("{name}#{item}").into();
+                    stubs.func_new(item, move |_, _, _, _| {
+                        Err(wasmtime::Error::new(Denied {
+                            function: function.clone(),
+                            grant: "http = [\"<origin>\", ...]",
+                        }))
+                    })?;
+                }
+                // Never constructed: every function that would make one
+                // denies.
+                ComponentItem::Resource(resource) => {
+                    stubs.resource(item, resource, |_, _| Ok(()))?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(linker)
 }
 
 struct Guarded;
@@ -59,11 +109,11 @@ struct GuardedView<'a> {
 
 impl GuardedView<'_> {
     fn clocks(&mut self, function: &'static str) -> wasmtime::Result<()> {
-        self.require(self.state.setup.grants.clocks, function, "clocks")
+        self.require(self.state.setup.grants.clocks, function, "clocks = true")
     }
 
     fn random(&mut self, function: &'static str) -> wasmtime::Result<()> {
-        self.require(self.state.setup.grants.random, function, "random")
+        self.require(self.state.setup.grants.random, function, "random = true")
     }
 
     fn require(
@@ -75,7 +125,10 @@ impl GuardedView<'_> {
         if granted {
             Ok(())
         } else {
-            Err(wasmtime::Error::new(Denied { function, grant }))
+            Err(wasmtime::Error::new(Denied {
+                function: function.into(),
+                grant,
+            }))
         }
     }
 }

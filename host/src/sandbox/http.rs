@@ -198,6 +198,10 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, Error> {
 }
 
 impl WasiHttpHooks for HttpGate {
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        super::store::MAX_BODY_CHUNK
+    }
+
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,

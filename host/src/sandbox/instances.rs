@@ -8,7 +8,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::Grants;
-use super::bindings::Handler;
+use super::bindings::{Handler, HandlerPre};
 use super::cpu::CpuLane;
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
@@ -187,6 +187,12 @@ struct Instance {
 }
 
 impl Instances {
+    /// The module's instance template for this mount's grants.
+    fn pre(&self) -> &HandlerPre<StoreState> {
+        let http = !self.setup.grants.http.allowed.is_empty();
+        self.module.compiled.pre(http)
+    }
+
     /// Runs `module` for a mount under `limits` and `grants` (its replies
     /// kept from what `owners` says other tenants own), its instances'
     /// memory counted in `budget`, their long runs sharing `lane`, and their
@@ -231,14 +237,8 @@ impl Instances {
             .data_mut()
             .begin_call(Instant::now() + timeout);
         instance.store.set_epoch_deadline(1);
-        let instantiated = tokio::time::timeout(
-            timeout,
-            self.module
-                .compiled
-                .pre
-                .instantiate_async(&mut instance.store),
-        )
-        .await;
+        let instantiated =
+            tokio::time::timeout(timeout, self.pre().instantiate_async(&mut instance.store)).await;
         instance.store.data_mut().end_call();
         match instantiated {
             Ok(Ok(_)) => Ok(()),
@@ -354,13 +354,7 @@ impl Instances {
         let Instance { store, handler, .. } = instance;
         let handler = match handler {
             Some(handler) => handler,
-            None => handler.insert(
-                self.module
-                    .compiled
-                    .pre
-                    .instantiate_async(&mut *store)
-                    .await?,
-            ),
+            None => handler.insert(self.pre().instantiate_async(&mut *store).await?),
         };
         handler.call_handle(&mut *store, delivery).await
     }

@@ -16,6 +16,7 @@ mod module;
 mod outbox;
 mod output;
 mod store;
+pub use store::{MAX_BODY_CHUNK, MAX_HEADER_BYTES, MAX_RESOURCES};
 
 pub use cpu::CpuLane;
 pub use engine::{PoolSize, Sandbox};

@@ -8,7 +8,7 @@ use wasmtime::{Engine, Trap};
 
 use super::bindings::HandlerPre;
 use super::engine::{MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT};
-use super::grants::Denied;
+use super::grants::{self, Denied};
 use super::instances::PoolNeeds;
 use super::store::StoreState;
 
@@ -123,10 +123,24 @@ pub struct Module {
 /// The code of a module, shared by every file with the same contents.
 pub(super) struct Compiled {
     pub(super) engine: Engine,
-    pub(super) pre: HandlerPre<StoreState>,
+    pre: HandlerPre<StoreState>,
+    /// The same with `wasi:http` denied, for mounts without `grants.http`.
+    pre_without_http: HandlerPre<StoreState>,
     version: Arc<str>,
     needs: PoolNeeds,
     initial_memory: u64,
+}
+
+impl Compiled {
+    /// The instance template for a mount with (`http`) or without
+    /// `grants.http`.
+    pub(super) fn pre(&self, http: bool) -> &HandlerPre<StoreState> {
+        if http {
+            &self.pre
+        } else {
+            &self.pre_without_http
+        }
+    }
 }
 
 impl Module {
@@ -134,6 +148,7 @@ impl Module {
     pub(super) fn compile(
         engine: &Engine,
         linker: &Linker<StoreState>,
+        without_http: &Linker<StoreState>,
         path: &Path,
         bytes: &[u8],
         version: Arc<str>,
@@ -183,10 +198,17 @@ impl Module {
                 "does not export `handle: func(d: delivery) -> outcome` of world `wharf:handler/handler`: {e:?}"
             ))
         })?;
+        // What the full linker accepted, the one without `wasi:http` accepts
+        // with stubs in its place.
+        let pre_without_http = grants::without_http(linker, without_http, engine, &component)
+            .and_then(|linker| linker.instantiate_pre(&component))
+            .and_then(HandlerPre::new)
+            .map_err(|e| fail(format!("cannot be linked without `wasi:http`: {e:?}")))?;
         Ok(Module {
             compiled: Arc::new(Compiled {
                 engine: engine.clone(),
                 pre,
+                pre_without_http,
                 version,
                 needs,
                 initial_memory,

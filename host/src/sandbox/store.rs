@@ -22,6 +22,17 @@ pub(crate) const MAX_LOG_LINE: usize = 4096;
 /// Bytes of `log` calls kept per delivery; the rest is counted and dropped.
 const MAX_LOG_PER_CALL: usize = 64 * 1024;
 
+/// Resources (streams, pollables, HTTP headers, requests, bodies) one
+/// instance may hold at once; a handler creating more gets an error.
+pub const MAX_RESOURCES: usize = 1024;
+
+/// The most one header map (`wasi:http` fields) may take on the host, in
+/// wasmtime's accounting (a little more than its size on the wire).
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// The most of an outgoing request body buffered on the host per write.
+pub const MAX_BODY_CHUNK: usize = 64 * 1024;
+
 /// What every instance of one mount's module shares.
 pub(crate) struct InstanceSetup {
     pub(crate) tags: Arc<LogTags>,
@@ -92,7 +103,11 @@ impl StoreState {
         let http_gate = HttpGate::new(setup.clone());
         StoreState {
             wasi,
-            table: ResourceTable::new(),
+            table: {
+                let mut table = ResourceTable::new();
+                table.set_max_capacity(MAX_RESOURCES);
+                table
+            },
             memory: MemoryLimit::new(memory_limit),
             deadline: Instant::now(),
             setup,
@@ -101,7 +116,11 @@ impl StoreState {
             stderr,
             logged: 0,
             outbox: Outbox::default(),
-            http: WasiHttpCtx::new(),
+            http: {
+                let mut http = WasiHttpCtx::new();
+                http.set_field_size_limit(MAX_HEADER_BYTES);
+                http
+            },
             http_gate,
         }
     }

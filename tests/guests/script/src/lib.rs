@@ -13,7 +13,9 @@
 //! `expect=KEY=TEXT` (ack if the property KEY, rendered as text, is TEXT,
 //! else drop), `body=TEXT` (ack if the body is TEXT, else drop),
 //! `fetch=URL` (GET URL: ack on a 2xx answer whose body is the delivery's
-//! body, drop if the host denied the request, retry otherwise).
+//! body, drop if the host denied the request, retry otherwise), `fields`
+//! (create `wasi:http` header maps of 8 KiB each and keep them, until the
+//! host refuses one: then trap).
 //!
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
@@ -130,6 +132,7 @@ fn act(d: &Delivery, action: &str) -> Outcome {
         "trap" => panic!("fixture asked to trap on attempt {}", d.attempt),
         "spin" => spin(),
         "hog" => hog(),
+        "fields" => fields(),
         "print" => {
             println!("hello from attempt {}", d.attempt);
             Outcome::Ack
@@ -264,6 +267,21 @@ fn hog() -> Outcome {
     let mut chunks = Vec::new();
     loop {
         chunks.push(std::hint::black_box(vec![1u8; 1 << 20]));
+    }
+}
+
+fn fields() -> Outcome {
+    use wasip2::http::types::Fields;
+    let value = vec![b'v'; 1024];
+    let mut held = Vec::new();
+    loop {
+        let fields = Fields::new();
+        for i in 0..8 {
+            if let Err(e) = fields.append(&format!("x-filler-{i}"), &value) {
+                panic!("header {i} of map {} refused: {e:?}", held.len());
+            }
+        }
+        held.push(fields);
     }
 }
 

@@ -1,0 +1,175 @@
+//! The host's log writer: formatted lines go through a bounded queue to a
+//! thread of their own that writes them to stderr. A slow or stalled log
+//! pipe then never blocks the runtime's workers (and with them every
+//! tenant); lines that find the queue full are dropped and counted
+//! (`wharf_log_lines_dropped`).
+
+use std::io::Write;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::Duration;
+
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Lines waiting for the writer thread before further ones are dropped.
+const QUEUED_LINES: usize = 16 * 1024;
+
+/// How long [`flush`] waits for the queue to be written at exit.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Lines dropped because the queue was full, since the process started.
+pub fn dropped_lines() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
+
+enum Line {
+    Text(Vec<u8>),
+    /// Answered once every line before it is written.
+    Flush(SyncSender<()>),
+}
+
+/// Hands each formatted line to the writer thread; cloned into the
+/// subscriber.
+#[derive(Clone)]
+pub struct LogWriter {
+    queue: SyncSender<Line>,
+}
+
+static WRITER: OnceLock<LogWriter> = OnceLock::new();
+
+impl LogWriter {
+    /// The process's writer, its thread started on first use.
+    pub fn stderr() -> LogWriter {
+        WRITER
+            .get_or_init(|| {
+                let (queue, lines) = sync_channel(QUEUED_LINES);
+                std::thread::Builder::new()
+                    .name("wharf-log".into())
+                    .spawn(move || write_lines(lines, std::io::stderr()))
+                    .expect("spawning the log thread only fails when the OS is out of threads");
+                LogWriter { queue }
+            })
+            .clone()
+    }
+}
+
+fn write_lines(lines: Receiver<Line>, mut out: impl Write) {
+    for line in lines {
+        match line {
+            Line::Text(text) => {
+                let _ = out.write_all(&text);
+            }
+            Line::Flush(done) => {
+                let _ = out.flush();
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// Waits (a little) for every queued line to be written: before exit.
+pub fn flush() {
+    let Some(writer) = WRITER.get() else {
+        return;
+    };
+    let (done, written) = sync_channel(1);
+    if writer.queue.send(Line::Flush(done)).is_ok() {
+        let _ = written.recv_timeout(FLUSH_WAIT);
+    }
+}
+
+/// One event's line, sent when the formatter is done with it.
+pub struct PendingLine {
+    queue: SyncSender<Line>,
+    text: Vec<u8>,
+}
+
+impl Write for PendingLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for PendingLine {
+    fn drop(&mut self) {
+        if self.text.is_empty() {
+            return;
+        }
+        let text = std::mem::take(&mut self.text);
+        match self.queue.try_send(Line::Text(text)) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                DROPPED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl<'a> MakeWriter<'a> for LogWriter {
+    type Writer = PendingLine;
+
+    fn make_writer(&'a self) -> PendingLine {
+        PendingLine {
+            queue: self.queue.clone(),
+            text: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// A sink that blocks until told to go on, as a stalled pipe does.
+    struct Stalled(Receiver<()>, Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            self.1.lock().expect("sink").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_sink_drops_and_counts_lines_and_never_blocks_the_caller() {
+        let (queue, lines) = sync_channel(2);
+        let (go, wait) = std::sync::mpsc::channel();
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let sink = Stalled(wait, written.clone());
+        let thread = std::thread::spawn(move || write_lines(lines, sink));
+        let writer = LogWriter { queue };
+        let before = dropped_lines();
+        for i in 0..10 {
+            let mut line = writer.make_writer();
+            writeln!(line, "line {i}").expect("buffered");
+        }
+        // One line is with the stalled sink, two are queued, the rest dropped.
+        assert!(
+            dropped_lines() - before >= 7,
+            "{}",
+            dropped_lines() - before
+        );
+        for _ in 0..10 {
+            let _ = go.send(());
+        }
+        drop(writer);
+        thread.join().expect("writer thread");
+        let text = String::from_utf8(written.lock().expect("sink").clone()).expect("utf-8");
+        assert!(text.starts_with("line 0\n"), "{text}");
+    }
+}
