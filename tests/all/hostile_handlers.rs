@@ -1,9 +1,16 @@
 //! Hostile handlers: what a module can reach on the host is bounded, the
 //! hostile delivery ends as the contract says (a failure is a `retry`), and
 //! a second tenant on the same host is served throughout. Each runs the
-//! `wharf` binary, so its memory and file descriptors are the host's alone.
+//! `wharf` binary, so its memory and file descriptors are the host's alone,
+//! and nobody reads its log while it works: a stalled log pipe must not
+//! stall the host either.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context as _;
+use tokio::io::AsyncReadExt as _;
+use tokio::net::TcpListener;
 
 use crate::client::{Client, message_id};
 use crate::process::{WharfProcess, open_fds, peak_resident};
@@ -12,40 +19,43 @@ use crate::{MountToml, TenantToml, artemis_url, tenants_text, unique};
 /// What a host serving the fixtures below may hold resident at its peak.
 const RSS_BOUND: u64 = 256 << 20;
 
-/// Deliveries of each hostile action.
-const HOSTILE: usize = 8;
 /// Deliveries of the neighbour tenant.
 const NEIGHBOUR: usize = 100;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_handler_creating_header_maps_in_a_loop_is_stopped_within_its_resources()
--> anyhow::Result<()> {
-    let (granted, ungranted, neighbour) = (
-        unique("fields"),
-        unique("fields-ungranted"),
-        unique("neighbour"),
-    );
-    let (granted_dla, ungranted_dla, handled) = (
-        format!("{granted}.dlq"),
-        format!("{ungranted}.dlq"),
-        format!("{neighbour}.out"),
-    );
-    let hostile = |name: &str, queue: &str, dla: &str| {
-        MountToml::new(name, "fixture_script", queue)
-            .with("concurrency = 4")
-            .with("max_attempts = 1")
-            .with(&format!("dead_letter = \"{dla}\""))
-    };
+/// A hostile mount: `concurrency` handlers at once, one attempt each, its
+/// failures dead-lettered to `<queue>.dlq`.
+fn hostile(name: &str, queue: &str, concurrency: u32) -> MountToml {
+    MountToml::new(name, "fixture_script", queue)
+        .with(&format!("concurrency = {concurrency}"))
+        .with("max_attempts = 1")
+        .with(&format!("dead_letter = \"{queue}.dlq\""))
+}
+
+/// What became of a run beside a neighbour.
+struct Report {
+    /// Hostile deliveries dead-lettered.
+    dead: usize,
+    peak_rss: u64,
+    fds_before: usize,
+    fds_after: usize,
+}
+
+/// Runs the `hostile` tenant beside a neighbour tenant on one host, sends
+/// `count` deliveries with `script` to each of `queues` (mounts of
+/// `hostile`) and [`NEIGHBOUR`] ordinary ones to the neighbour, and waits
+/// until every hostile delivery is dead-lettered and every ordinary one
+/// handled.
+async fn beside_a_neighbour(
+    hostile: TenantToml,
+    queues: &[&str],
+    script: &str,
+    count: usize,
+    wharf_started: impl AsyncFnOnce(&mut WharfProcess) -> anyhow::Result<()>,
+) -> anyhow::Result<Report> {
+    let neighbour = unique("neighbour");
+    let handled = format!("{neighbour}.out");
     let tenants = [
-        TenantToml::new(
-            "hostile",
-            vec![
-                hostile("granted", &granted, &granted_dla)
-                    .with("[tenant.mount.grants]")
-                    .with("http = [\"http://127.0.0.1:9\"]"),
-                hostile("ungranted", &ungranted, &ungranted_dla),
-            ],
-        ),
+        hostile,
         TenantToml::new(
             "neighbour",
             vec![
@@ -59,16 +69,17 @@ async fn a_handler_creating_header_maps_in_a_loop_is_stopped_within_its_resource
     let mut wharf = WharfProcess::start_config(&tenants_text(&url, "", &tenants)).await?;
     let fds_before = open_fds(&wharf)?;
     let mut client = Client::connect(&url).await?;
-    let mut granted_dead = client.watch(&granted_dla).await?;
-    let mut ungranted_dead = client.watch(&ungranted_dla).await?;
+    let mut dead_letters = Vec::new();
+    for queue in queues {
+        dead_letters.push(client.watch(&format!("{queue}.dlq")).await?);
+    }
     let mut outputs = client.watch(&handled).await?;
     let ids = |queue: &str, n: usize| (0..n).map(|i| format!("{queue}.{i}")).collect::<Vec<_>>();
-    client
-        .publish_scripted(&granted, &ids(&granted, HOSTILE), "*:fields")
-        .await?;
-    client
-        .publish_scripted(&ungranted, &ids(&ungranted, HOSTILE), "*:fields")
-        .await?;
+    for queue in queues {
+        client
+            .publish_scripted(queue, &ids(queue, count), script)
+            .await?;
+    }
     client
         .publish_scripted(
             &neighbour,
@@ -76,57 +87,156 @@ async fn a_handler_creating_header_maps_in_a_loop_is_stopped_within_its_resource
             &format!("*:send={handled},ack"),
         )
         .await?;
-
-    // Every hostile delivery failed its one attempt and was dead-lettered;
-    // every neighbour delivery was handled. From here on nobody reads the
-    // host's log: a stalled log pipe must not stall the host.
-    wharf
-        .wait_for_log("resource table has no free keys")
-        .await?;
-    wharf
-        .wait_for_log("which this mount does not grant; add `http = [")
-        .await?;
-    let mut dead = Vec::new();
-    for i in 0..HOSTILE {
-        dead.push(message_id(
-            &granted_dead
+    wharf_started(&mut wharf).await?;
+    let mut dead = 0;
+    for (queue, watcher) in queues.iter().zip(&mut dead_letters) {
+        for i in 0..count {
+            let (_, message) = watcher
                 .next()
                 .await
-                .with_context(|| format!("granted {i}"))?
-                .1,
-        ));
-        dead.push(message_id(
-            &ungranted_dead
-                .next()
-                .await
-                .with_context(|| format!("ungranted {i}"))?
-                .1,
-        ));
+                .with_context(|| format!("dead letter {i} of {queue}"))?;
+            anyhow::ensure!(message_id(&message).is_some_and(|id| id.starts_with(queue)));
+            dead += 1;
+        }
     }
     for i in 0..NEIGHBOUR {
         outputs
             .next()
             .await
-            .with_context(|| format!("neighbour {i}"))?;
+            .with_context(|| format!("neighbour delivery {i}"))?;
     }
-    let peak = peak_resident(&wharf)?;
-    let fds_after = open_fds(&wharf)?;
-    println!(
-        "hostile header maps: {} deliveries of `fields` ({HOSTILE} with grants.http, stopped at {} resources; {HOSTILE} without, denied), all dead-lettered; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB; open fds {fds_before} before, {fds_after} after",
-        2 * HOSTILE,
-        wharf::sandbox::MAX_RESOURCES,
-        peak >> 20
-    );
-    assert_eq!(dead.len(), 2 * HOSTILE);
-    assert!(peak < RSS_BOUND, "peak RSS {peak} bytes");
-    assert!(
-        fds_after <= fds_before + 8,
-        "fds {fds_before} -> {fds_after}"
-    );
-    assert!(wharf.child.try_wait()?.is_none(), "the host exited");
-    for watcher in [granted_dead, ungranted_dead, outputs] {
+    let report = Report {
+        dead,
+        peak_rss: peak_resident(&wharf)?,
+        fds_before,
+        fds_after: open_fds(&wharf)?,
+    };
+    anyhow::ensure!(wharf.child.try_wait()?.is_none(), "the host exited");
+    for watcher in dead_letters.into_iter().chain([outputs]) {
         watcher.close().await;
     }
     client.close().await;
+    Ok(report)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_creating_header_maps_in_a_loop_is_stopped_within_its_resources()
+-> anyhow::Result<()> {
+    const HOSTILE: usize = 8;
+    let (granted, ungranted) = (unique("fields"), unique("fields-ungranted"));
+    let tenant = TenantToml::new(
+        "hostile",
+        vec![
+            hostile("granted", &granted, 4)
+                .with("[tenant.mount.grants]")
+                .with("http = [\"http://127.0.0.1:9\"]"),
+            hostile("ungranted", &ungranted, 4),
+        ],
+    );
+    let report = beside_a_neighbour(
+        tenant,
+        &[&granted, &ungranted],
+        "*:fields",
+        HOSTILE,
+        async |wharf| {
+            wharf
+                .wait_for_log("resource table has no free keys")
+                .await?;
+            wharf
+                .wait_for_log("which this mount does not grant; add `http = [")
+                .await?;
+            Ok(())
+        },
+    )
+    .await?;
+    println!(
+        "hostile header maps: {} deliveries of `fields` ({HOSTILE} with grants.http, stopped at {} resources; {HOSTILE} without, denied), {} dead-lettered; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB; open fds {} before, {} after",
+        2 * HOSTILE,
+        wharf::sandbox::MAX_RESOURCES,
+        report.dead,
+        report.peak_rss >> 20,
+        report.fds_before,
+        report.fds_after,
+    );
+    assert_eq!(report.dead, 2 * HOSTILE);
+    assert!(report.peak_rss < RSS_BOUND, "{}", report.peak_rss);
+    assert!(report.fds_after <= report.fds_before + 8);
+    Ok(())
+}
+
+/// A TCP server that accepts connections and never answers, counting how
+/// many are open at once.
+struct Silent {
+    port: u16,
+    open: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Silent {
+    async fn start() -> anyhow::Result<Silent> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let (open, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (counting, peak) = (open.clone(), most.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let now = counting.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                let counting = counting.clone();
+                tokio::spawn(async move {
+                    // Until the client closes it.
+                    while socket.read(&mut [0u8; 1024]).await.is_ok_and(|n| n > 0) {}
+                    counting.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Ok(Silent { port, open, most })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_opening_connections_without_waiting_holds_at_most_its_share()
+-> anyhow::Result<()> {
+    const TENANT_CAP: usize = 20;
+    const REQUESTS: usize = 40;
+    let server = Silent::start().await?;
+    let queue = unique("connections");
+    let tenant = TenantToml::new(
+        "hostile",
+        vec![
+            hostile("open", &queue, 2)
+                .with("timeout = \"3s\"")
+                .with("[tenant.mount.grants]")
+                .with(&format!("http = [\"http://127.0.0.1:{}\"]", server.port)),
+        ],
+    )
+    .with(&format!("max_http_connections = {TENANT_CAP}"));
+    let script = format!("*:open={REQUESTS}=127.0.0.1:{}", server.port);
+    let report = beside_a_neighbour(tenant, &[&queue], &script, 2, async |_| Ok(())).await?;
+    let most = server.most.load(Ordering::SeqCst);
+    // Once the handlers have timed out, their connections are closed.
+    let deadline = tokio::time::Instant::now() + crate::DEADLINE;
+    while server.open.load(Ordering::SeqCst) > 0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{} connections still open",
+            server.open.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    println!(
+        "hostile connections: 2 handlers each starting {REQUESTS} requests at once, at most {most} connections open (cap {} per instance, {TENANT_CAP} per tenant), all closed after the time-out; 2 dead-lettered; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB; open fds {} before, {} after",
+        wharf::sandbox::MAX_CONNECTIONS_PER_INSTANCE,
+        report.peak_rss >> 20,
+        report.fds_before,
+        report.fds_after,
+    );
+    assert_eq!(report.dead, 2);
+    assert!(
+        (wharf::sandbox::MAX_CONNECTIONS_PER_INSTANCE..=TENANT_CAP).contains(&most),
+        "{most} connections open at once"
+    );
+    assert!(report.peak_rss < RSS_BOUND, "{}", report.peak_rss);
+    assert!(report.fds_after <= report.fds_before + 8);
     Ok(())
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use wharf::authoring::InvokeInput;
 use wharf::sandbox::{
-    CallLimits, CpuLane, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, Owners,
-    PoolSize, Sandbox,
+    CallLimits, CpuLane, Delivery, Grants, HttpConnections, InstancePolicy, Instances, LogTags,
+    Module, Owners, PoolSize, Sandbox,
 };
 
 /// Memory each instance may use, and each pool slot holds.
@@ -48,6 +48,7 @@ pub fn instances(
         Owners::default(),
         None,
         CpuLane::new(),
+        HttpConnections::new(64),
         sandbox.slots().clone(),
     ))
 }

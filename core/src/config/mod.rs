@@ -310,11 +310,15 @@ pub struct TenantBudget {
     /// Bytes of the tenant's deliveries held at once, from when each is
     /// taken off its link until it is settled.
     pub max_buffered: u64,
+    /// Outbound HTTP connections the tenant's handlers hold at once.
+    pub max_http_connections: u32,
 }
 
 impl TenantBudget {
     /// Default `max_buffered` of a tenant.
     pub const DEFAULT_MAX_BUFFERED: u64 = 256 << 20;
+    /// Default `max_http_connections` of a tenant.
+    pub const DEFAULT_MAX_HTTP_CONNECTIONS: u32 = 64;
 }
 
 impl Default for TenantBudget {
@@ -324,6 +328,7 @@ impl Default for TenantBudget {
             max_memory: None,
             max_pending_copies: None,
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+            max_http_connections: TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
         }
     }
 }
@@ -533,6 +538,7 @@ struct RawTenant {
     max_pending_copies: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     max_buffered: Option<Spanned<u64>>,
+    max_http_connections: Option<Spanned<u32>>,
     #[serde(default, rename = "mount")]
     mounts: Vec<RawMount>,
 }
@@ -677,6 +683,7 @@ impl Config {
             checker.positive(&here, "max_running", &tenant.max_running)?;
             checker.positive(&here, "max_pending_copies", &tenant.max_pending_copies)?;
             checker.positive(&here, "max_buffered", &tenant.max_buffered)?;
+            checker.positive(&here, "max_http_connections", &tenant.max_http_connections)?;
             let budget = TenantBudget {
                 max_running: tenant.max_running.map(Spanned::into_inner),
                 max_memory: tenant.max_memory.as_ref().map(|m| *m.get_ref()),
@@ -685,6 +692,10 @@ impl Config {
                     .max_buffered
                     .as_ref()
                     .map_or(TenantBudget::DEFAULT_MAX_BUFFERED, |b| *b.get_ref()),
+                max_http_connections: tenant.max_http_connections.map_or(
+                    TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
+                    Spanned::into_inner,
+                ),
             };
             let tenant_broker = match tenant.broker {
                 Some(raw_broker) => Some(own_connection(

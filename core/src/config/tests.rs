@@ -222,6 +222,7 @@ name = "a"
 max_running = 4
 max_memory = "128MiB"
 max_pending_copies = 100
+max_http_connections = 8
 [[tenant.mount]]
 name = "m"
 module = "handlers/orders.wasm"
@@ -254,6 +255,7 @@ fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
             max_memory: Some(128 << 20),
             max_pending_copies: Some(100),
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+            max_http_connections: 8,
         }
     );
     assert_eq!(a.broker, None);

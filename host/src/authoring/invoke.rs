@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::Mount;
+use crate::config::{Mount, TenantBudget};
 use crate::sandbox::{
-    CallLimits, CpuLane, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome,
-    Outgoing, Owners, PoolSize, Property, Sandbox, Value,
+    CallLimits, CpuLane, Delivery, Failure, Grants, HttpConnections, InstancePolicy, Instances,
+    LogTags, Outcome, Outgoing, Owners, PoolSize, Property, Sandbox, Value,
 };
 
 /// What the made-up delivery carries.
@@ -83,6 +83,7 @@ pub async fn invoke(
         Owners::default(),
         None,
         CpuLane::new(),
+        HttpConnections::new(TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS),
         sandbox.slots().clone(),
     ));
     let call = instances.reserve().await.call(&delivery).await;

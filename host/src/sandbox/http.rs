@@ -8,7 +8,10 @@
 //! the IPv4 address, then connects, with TLS from the platform's CAs for
 //! `https`.
 //! The mount's `timeout` covers the whole call, so a slow server is the
-//! handler's time-out.
+//! handler's time-out. An instance holds at most
+//! [`MAX_CONNECTIONS_PER_INSTANCE`] connections and a tenant's handlers at
+//! most its `max_http_connections`; past either, a request fails at once
+//! with `connection-limit-reached`.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -17,21 +20,53 @@ use std::time::Duration;
 use http::uri::Scheme;
 use http_body_util::BodyExt as _;
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::store::InstanceSetup;
 use crate::grants::{Guarded, Host, Target};
 
+/// Outbound HTTP connections one instance may hold at once.
+pub const MAX_CONNECTIONS_PER_INSTANCE: usize = 16;
+
+/// Outbound HTTP connections one tenant's handlers may hold at once
+/// (`max_http_connections`); clones share them.
+#[derive(Clone)]
+pub struct HttpConnections(Arc<Semaphore>);
+
+impl HttpConnections {
+    /// Room for `max` connections.
+    pub fn new(max: u32) -> HttpConnections {
+        HttpConnections(Arc::new(Semaphore::new(max as usize)))
+    }
+}
+
+/// What one connection holds until it closes: its places in the
+/// instance's and the tenant's caps.
+type ConnectionPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
 /// The `wasi:http` hooks of one handler instance: every request goes
-/// through the mount's grants.
+/// through the mount's grants and the connection caps.
 pub(crate) struct HttpGate {
     setup: Arc<InstanceSetup>,
+    connections: Arc<Semaphore>,
 }
 
 impl HttpGate {
     pub(crate) fn new(setup: Arc<InstanceSetup>) -> HttpGate {
-        HttpGate { setup }
+        HttpGate {
+            setup,
+            connections: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_INSTANCE)),
+        }
+    }
+
+    /// Places for one more connection, or none when a cap is reached: the
+    /// request then fails at once with `connection-limit-reached`.
+    fn connection_permits(&self) -> Option<ConnectionPermits> {
+        let instance = self.connections.clone().try_acquire_owned().ok()?;
+        let tenant = self.setup.connections.0.clone().try_acquire_owned().ok()?;
+        Some((instance, tenant))
     }
 
     fn refuse(&self, target: &Target, why: &str) -> Error {
@@ -90,6 +125,7 @@ impl HttpGate {
         &self,
         mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
+        permits: ConnectionPermits,
     ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
         let target = target_of(request.uri()).ok_or(Error::HttpRequestUriInvalid)?;
         let addresses = self.addresses(&target).await?;
@@ -127,9 +163,9 @@ impl HttpGate {
                         _ => Error::Tls(e),
                     },
                 )?;
-            exchange(TokioIo::new(tls), request, options).await?
+            exchange(TokioIo::new(tls), request, options, permits).await?
         } else {
-            exchange(TokioIo::new(tcp), request, options).await?
+            exchange(TokioIo::new(tcp), request, options, permits).await?
         };
         Ok(response)
     }
@@ -143,17 +179,21 @@ fn target_of(uri: &http::Uri) -> Option<Target> {
 type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
 
 /// One HTTP/1.1 request on a fresh connection; the connection is driven on
-/// its own task and ends with the response body.
+/// its own task, holding `permits`, and ends with the response body.
 async fn exchange<S>(
     io: TokioIo<S>,
     request: http::Request<WasiBody>,
     options: RequestOptions,
+    permits: ConnectionPermits,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
-    let mut driven = Connection(tokio::spawn(connection));
+    let mut driven = Connection(tokio::spawn(async move {
+        let _permits = permits;
+        connection.await
+    }));
     let sent = sender.send_request(request);
     let response = match options.first_byte_timeout {
         Some(limit) => tokio::time::timeout(limit, sent)
@@ -208,7 +248,19 @@ impl WasiHttpHooks for HttpGate {
         options: Option<RequestOptions>,
         _response_errors: IoFuture,
     ) -> Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send> {
-        let gate = HttpGate::new(self.setup.clone());
-        Box::new(async move { gate.send(request, options).await })
+        let Some(permits) = self.connection_permits() else {
+            let tags = &self.setup.tags;
+            tracing::debug!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                "HTTP request refused: the instance or the tenant holds its most connections"
+            );
+            return Box::new(async { Err(Error::ConnectionLimitReached) });
+        };
+        let gate = HttpGate {
+            setup: self.setup.clone(),
+            connections: self.connections.clone(),
+        };
+        Box::new(async move { gate.send(request, options, permits).await })
     }
 }

@@ -10,6 +10,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use super::Grants;
 use super::bindings::{Handler, HandlerPre};
 use super::cpu::CpuLane;
+use super::http::HttpConnections;
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
 use super::store::{InstanceSetup, StoreState};
@@ -195,8 +196,9 @@ impl Instances {
 
     /// Runs `module` for a mount under `limits` and `grants` (its replies
     /// kept from what `owners` says other tenants own), its instances'
-    /// memory counted in `budget`, their long runs sharing `lane`, and their
-    /// room in the pool taken from `slots`.
+    /// memory counted in `budget`, their long runs sharing `lane`, their
+    /// outbound HTTP connections in `connections`, and their room in the
+    /// pool taken from `slots`.
     #[allow(
         clippy::too_many_arguments,
         reason = "each is a separate limit, named at the call"
@@ -210,13 +212,14 @@ impl Instances {
         owners: Owners,
         budget: Option<MemoryBudget>,
         lane: CpuLane,
+        connections: HttpConnections,
         slots: InstanceSlots,
     ) -> Instances {
         Instances {
             module,
             limits,
             policy,
-            setup: Arc::new(InstanceSetup::new(tags, grants, owners)),
+            setup: Arc::new(InstanceSetup::new(tags, grants, owners, connections)),
             budget,
             lane,
             slots,

@@ -21,6 +21,7 @@ pub use store::{MAX_BODY_CHUNK, MAX_HEADER_BYTES, MAX_RESOURCES};
 pub use cpu::CpuLane;
 pub use engine::{PoolSize, Sandbox};
 pub use grants::Denied;
+pub use http::{HttpConnections, MAX_CONNECTIONS_PER_INSTANCE};
 pub use instances::{
     Call, CallLimits, InstanceSlots, Instances, MemoryBudget, MemoryHeld, PoolNeeds, Reserved,
 };

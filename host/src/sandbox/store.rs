@@ -10,7 +10,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::Grants;
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
-use super::http::HttpGate;
+use super::http::{HttpConnections, HttpGate};
 use super::module::LogTags;
 use super::outbox::{Outbox, Owners};
 use super::output::LogOutput;
@@ -39,6 +39,8 @@ pub(crate) struct InstanceSetup {
     pub(crate) grants: Grants,
     /// What the tenants of this host own, which replies must not reach.
     pub(crate) owners: Owners,
+    /// The tenant's outbound HTTP connections.
+    pub(crate) connections: HttpConnections,
     /// Whether the empty environment has been noted in the log yet.
     empty_environment_noted: AtomicBool,
     /// Output bytes over the per-delivery allowance, not yet reported.
@@ -46,11 +48,17 @@ pub(crate) struct InstanceSetup {
 }
 
 impl InstanceSetup {
-    pub(crate) fn new(tags: Arc<LogTags>, grants: Grants, owners: Owners) -> InstanceSetup {
+    pub(crate) fn new(
+        tags: Arc<LogTags>,
+        grants: Grants,
+        owners: Owners,
+        connections: HttpConnections,
+    ) -> InstanceSetup {
         InstanceSetup {
             tags,
             grants,
             owners,
+            connections,
             empty_environment_noted: AtomicBool::new(false),
             output_dropped: AtomicU64::new(0),
         }
@@ -313,6 +321,7 @@ mod tests {
             tags,
             Grants::default(),
             Owners::default(),
+            HttpConnections::new(1),
         ));
         let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new());
         state.begin_call(Instant::now());

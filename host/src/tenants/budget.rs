@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::TenantBudget;
-use crate::sandbox::{CpuLane, MemoryBudget};
+use crate::sandbox::{CpuLane, HttpConnections, MemoryBudget};
 
 /// The semaphores behind a tenant's budget; `None` where it sets no limit.
 pub(crate) struct TenantLimits {
@@ -19,6 +19,7 @@ pub(crate) struct TenantLimits {
     memory: Option<MemoryBudget>,
     buffered: Buffered,
     lane: CpuLane,
+    http_connections: HttpConnections,
 }
 
 /// Bytes of deliveries held from when each is taken off its link until it
@@ -105,7 +106,13 @@ impl TenantLimits {
             memory: budget.max_memory.map(MemoryBudget::new),
             buffered: Buffered::new(budget.max_buffered),
             lane: CpuLane::new(),
+            http_connections: HttpConnections::new(budget.max_http_connections),
         })
+    }
+
+    /// The tenant's outbound HTTP connections.
+    pub(crate) fn http_connections(&self) -> HttpConnections {
+        self.http_connections.clone()
     }
 
     /// The tenant's shared instance memory, if it sets `max_memory`.

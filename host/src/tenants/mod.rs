@@ -22,7 +22,7 @@ use crate::admin::{AdminServer, Health, Metrics};
 use crate::config::{Config, Mount};
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
 use crate::sandbox::{
-    CallLimits, CpuLane, Instances, LoadError, LogTags, Module, PoolSize, Sandbox,
+    CallLimits, CpuLane, HttpConnections, Instances, LoadError, LogTags, Module, PoolSize, Sandbox,
 };
 use control::{Command, Control};
 
@@ -204,6 +204,7 @@ async fn probe_modules(
             config.address_owners().into(),
             None,
             CpuLane::new(),
+            HttpConnections::new(tenant.budget.max_http_connections),
             sandbox.slots().clone(),
         );
         if let Err(failure) = instances.probe().await {

@@ -87,6 +87,7 @@ pub(crate) fn instances_for(
         owners.clone(),
         tenant.memory(),
         tenant.lane(),
+        tenant.http_connections(),
         slots.clone(),
     ))
 }

@@ -15,7 +15,8 @@
 //! `fetch=URL` (GET URL: ack on a 2xx answer whose body is the delivery's
 //! body, drop if the host denied the request, retry otherwise), `fields`
 //! (create `wasi:http` header maps of 8 KiB each and keep them, until the
-//! host refuses one: then trap).
+//! host refuses one: then trap), `open=N=HOST:PORT` (start N requests to
+//! `http://HOST:PORT/slow` without waiting for any, then loop forever).
 //!
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
@@ -170,6 +171,13 @@ fn act(d: &Delivery, action: &str) -> Outcome {
                     }
                 };
             }
+            if let Some((n, authority)) = other
+                .strip_prefix("open=")
+                .and_then(|spec| spec.split_once('='))
+                .and_then(|(n, authority)| Some((n.parse().ok()?, authority)))
+            {
+                return open(n, authority);
+            }
             if let Some(url) = other.strip_prefix("fetch=") {
                 return fetch(d, url);
             }
@@ -268,6 +276,22 @@ fn hog() -> Outcome {
     loop {
         chunks.push(std::hint::black_box(vec![1u8; 1 << 20]));
     }
+}
+
+fn open(n: usize, authority: &str) -> Outcome {
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let request = OutgoingRequest::new(Fields::new());
+        let _ = request.set_scheme(Some(&Scheme::Http));
+        let _ = request.set_authority(Some(authority));
+        let _ = request.set_path_with_query(Some("/slow"));
+        if let Ok(response) = outgoing_handler::handle(request, None) {
+            held.push(response);
+        }
+    }
+    spin()
 }
 
 fn fields() -> Outcome {
