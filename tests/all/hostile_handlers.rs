@@ -240,3 +240,56 @@ async fn a_handler_opening_connections_without_waiting_holds_at_most_its_share()
     assert!(report.fds_after <= report.fds_before + 8);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_logging_at_full_speed_at_error_is_held_to_its_tenants_rate_and_level()
+-> anyhow::Result<()> {
+    const RATE: usize = 8 << 10;
+    const DELIVERIES: usize = 4;
+    let queue = unique("shout");
+    let tenant = TenantToml::new("hostile", vec![hostile("shout", &queue, 2)])
+        .with(&format!("log_rate = {RATE}"));
+    let (mut logged, mut took) = (Vec::new(), std::time::Duration::ZERO);
+    let started = tokio::time::Instant::now();
+    let report = beside_a_neighbour(
+        tenant,
+        &[&queue],
+        "*:shout=262144",
+        DELIVERIES,
+        async |wharf| {
+            // Every line up to the last shouting delivery's failure.
+            logged = wharf
+                .log_lines_until(
+                    "shout !!!",
+                    "handler failed, treating it as retry",
+                    DELIVERIES,
+                )
+                .await?;
+            took = started.elapsed();
+            Ok(())
+        },
+    )
+    .await?;
+    // What the rate lets through from the host's start to the last
+    // failure, and a second's burst. Without it, the per-delivery cap
+    // alone would let 4 × 64 KiB through: 2,621 lines.
+    let allowed = RATE * (2 + took.as_secs() as usize) / 100;
+    println!(
+        "hostile logging: {DELIVERIES} handlers each logging 256 KiB at error, {} lines of 100 bytes logged in {took:?} at a rate of {RATE} bytes/s (at most {allowed}), at warn; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB",
+        logged.len(),
+        report.peak_rss >> 20
+    );
+    assert!(
+        !logged.is_empty() && logged.len() <= allowed,
+        "{} lines",
+        logged.len()
+    );
+    for line in &logged {
+        assert!(
+            line.contains("\"level\":\"WARN\""),
+            "not capped at warn: {line}"
+        );
+    }
+    assert_eq!(report.dead, DELIVERIES);
+    Ok(())
+}

@@ -84,9 +84,37 @@ impl WharfProcess {
         Ok(())
     }
 
+    /// Reads the log until `times` lines contained `until`, and returns
+    /// the lines that contained `wanted` meanwhile.
+    pub async fn log_lines_until(
+        &mut self,
+        wanted: &str,
+        until: &str,
+        times: usize,
+    ) -> anyhow::Result<Vec<String>> {
+        let log = self
+            .log
+            .as_mut()
+            .context("the log is read in the background")?;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let (mut seen, mut ends) = (Vec::new(), 0);
+        while ends < times {
+            let line = tokio::time::timeout_at(deadline, log.next_line())
+                .await
+                .with_context(|| format!("{ends} of {times} lines with {until:?} in time"))??
+                .context("wharf exited")?;
+            if line.contains(until) {
+                ends += 1;
+            } else if line.contains(wanted) {
+                seen.push(line);
+            }
+        }
+        Ok(seen)
+    }
+
     /// From now on reads the log in the background, collecting the message
     /// id of every delivery handled and accepted (from the `handled` debug
-    /// line). The log must be read: a child whose pipe is full stops.
+    /// line).
     pub fn collect_handled(&mut self) -> Arc<Mutex<Vec<String>>> {
         let handled = Arc::new(Mutex::new(Vec::new()));
         let collected = handled.clone();

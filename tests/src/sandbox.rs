@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wharf::authoring::InvokeInput;
+use wharf::config::TenantBudget;
 use wharf::sandbox::{
-    CallLimits, CpuLane, Delivery, Grants, HttpConnections, InstancePolicy, Instances, LogTags,
-    Module, Owners, PoolSize, Sandbox,
+    CallLimits, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, Owners, PoolSize,
+    Sandbox, TenantShare,
 };
 
 /// Memory each instance may use, and each pool slot holds.
@@ -46,9 +47,7 @@ pub fn instances(
             mount: mount.into(),
         }),
         Owners::default(),
-        None,
-        CpuLane::new(),
-        HttpConnections::new(64),
+        TenantShare::new(&TenantBudget::default()),
         sandbox.slots().clone(),
     ))
 }

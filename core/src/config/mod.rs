@@ -94,6 +94,23 @@ impl fmt::Display for Settle {
     }
 }
 
+/// The most severe level a tenant's handlers may log at; a line logged
+/// above it is logged at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogLevel {
+    /// `error`, the most severe.
+    Error,
+    /// `warn`: the default cap, so `error` lines are the host's own.
+    Warn,
+    /// `info`.
+    Info,
+    /// `debug`.
+    Debug,
+    /// `trace`, the least severe.
+    Trace,
+}
+
 /// What kind of node a mount's address is, when the broker should be told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -312,6 +329,11 @@ pub struct TenantBudget {
     pub max_buffered: u64,
     /// Outbound HTTP connections the tenant's handlers hold at once.
     pub max_http_connections: u32,
+    /// Bytes per second the tenant's handlers may log (stdout, stderr and
+    /// `log` together); the rest is dropped and counted.
+    pub log_rate: u64,
+    /// The most severe level its handlers' lines are logged at.
+    pub log_level: LogLevel,
 }
 
 impl TenantBudget {
@@ -319,6 +341,10 @@ impl TenantBudget {
     pub const DEFAULT_MAX_BUFFERED: u64 = 256 << 20;
     /// Default `max_http_connections` of a tenant.
     pub const DEFAULT_MAX_HTTP_CONNECTIONS: u32 = 64;
+    /// Default `log_rate` of a tenant, bytes per second.
+    pub const DEFAULT_LOG_RATE: u64 = 64 << 10;
+    /// Default `log_level` of a tenant.
+    pub const DEFAULT_LOG_LEVEL: LogLevel = LogLevel::Warn;
 }
 
 impl Default for TenantBudget {
@@ -329,6 +355,8 @@ impl Default for TenantBudget {
             max_pending_copies: None,
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
             max_http_connections: TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
+            log_rate: TenantBudget::DEFAULT_LOG_RATE,
+            log_level: TenantBudget::DEFAULT_LOG_LEVEL,
         }
     }
 }
@@ -539,6 +567,9 @@ struct RawTenant {
     #[serde(default, deserialize_with = "optional_size")]
     max_buffered: Option<Spanned<u64>>,
     max_http_connections: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_size")]
+    log_rate: Option<Spanned<u64>>,
+    log_level: Option<LogLevel>,
     #[serde(default, rename = "mount")]
     mounts: Vec<RawMount>,
 }
@@ -684,6 +715,7 @@ impl Config {
             checker.positive(&here, "max_pending_copies", &tenant.max_pending_copies)?;
             checker.positive(&here, "max_buffered", &tenant.max_buffered)?;
             checker.positive(&here, "max_http_connections", &tenant.max_http_connections)?;
+            checker.positive(&here, "log_rate", &tenant.log_rate)?;
             let budget = TenantBudget {
                 max_running: tenant.max_running.map(Spanned::into_inner),
                 max_memory: tenant.max_memory.as_ref().map(|m| *m.get_ref()),
@@ -696,6 +728,11 @@ impl Config {
                     TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
                     Spanned::into_inner,
                 ),
+                log_rate: tenant
+                    .log_rate
+                    .as_ref()
+                    .map_or(TenantBudget::DEFAULT_LOG_RATE, |r| *r.get_ref()),
+                log_level: tenant.log_level.unwrap_or(TenantBudget::DEFAULT_LOG_LEVEL),
             };
             let tenant_broker = match tenant.broker {
                 Some(raw_broker) => Some(own_connection(

@@ -223,6 +223,8 @@ max_running = 4
 max_memory = "128MiB"
 max_pending_copies = 100
 max_http_connections = 8
+log_rate = "1KiB"
+log_level = "info"
 [[tenant.mount]]
 name = "m"
 module = "handlers/orders.wasm"
@@ -256,6 +258,8 @@ fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
             max_pending_copies: Some(100),
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
             max_http_connections: 8,
+            log_rate: 1024,
+            log_level: LogLevel::Info,
         }
     );
     assert_eq!(a.broker, None);

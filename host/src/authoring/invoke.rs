@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{Mount, TenantBudget};
+use crate::config::{LogLevel, Mount, TenantBudget};
 use crate::sandbox::{
-    CallLimits, CpuLane, Delivery, Failure, Grants, HttpConnections, InstancePolicy, Instances,
-    LogTags, Outcome, Outgoing, Owners, PoolSize, Property, Sandbox, Value,
+    CallLimits, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome, Outgoing,
+    Owners, PoolSize, Property, Sandbox, TenantShare, Value,
 };
 
 /// What the made-up delivery carries.
@@ -81,9 +81,10 @@ pub async fn invoke(
         input.grants,
         tags,
         Owners::default(),
-        None,
-        CpuLane::new(),
-        HttpConnections::new(TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS),
+        TenantShare::new(&TenantBudget {
+            log_level: LogLevel::Trace,
+            ..TenantBudget::default()
+        }),
         sandbox.slots().clone(),
     ));
     let call = instances.reserve().await.call(&delivery).await;

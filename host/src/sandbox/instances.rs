@@ -10,9 +10,9 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use super::Grants;
 use super::bindings::{Handler, HandlerPre};
 use super::cpu::CpuLane;
-use super::http::HttpConnections;
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
+use super::share::TenantShare;
 use super::store::{InstanceSetup, StoreState};
 use super::{Delivery, InstancePolicy, Outcome};
 
@@ -195,9 +195,8 @@ impl Instances {
     }
 
     /// Runs `module` for a mount under `limits` and `grants` (its replies
-    /// kept from what `owners` says other tenants own), its instances'
-    /// memory counted in `budget`, their long runs sharing `lane`, their
-    /// outbound HTTP connections in `connections`, and their room in the
+    /// kept from what `owners` says other tenants own), within its tenant's
+    /// `share` (memory, CPU lane, HTTP connections, log), their room in the
     /// pool taken from `slots`.
     #[allow(
         clippy::too_many_arguments,
@@ -210,17 +209,27 @@ impl Instances {
         grants: Grants,
         tags: Arc<LogTags>,
         owners: Owners,
-        budget: Option<MemoryBudget>,
-        lane: CpuLane,
-        connections: HttpConnections,
+        share: TenantShare,
         slots: InstanceSlots,
     ) -> Instances {
+        let TenantShare {
+            memory,
+            lane,
+            http_connections,
+            log,
+        } = share;
         Instances {
             module,
             limits,
             policy,
-            setup: Arc::new(InstanceSetup::new(tags, grants, owners, connections)),
-            budget,
+            setup: Arc::new(InstanceSetup::new(
+                tags,
+                grants,
+                owners,
+                http_connections,
+                log,
+            )),
+            budget: memory,
             lane,
             slots,
             idle: Mutex::new(Vec::new()),

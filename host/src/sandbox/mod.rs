@@ -15,6 +15,7 @@ mod instances;
 mod module;
 mod outbox;
 mod output;
+mod share;
 mod store;
 pub use store::{MAX_BODY_CHUNK, MAX_HEADER_BYTES, MAX_RESOURCES};
 
@@ -27,6 +28,7 @@ pub use instances::{
 };
 pub use module::{Failure, LoadError, LogTags, Module};
 pub use outbox::{Outgoing, Owners};
+pub use share::{GuestLog, TenantShare};
 pub use wharf_core::config::InstancePolicy;
 pub use wharf_core::grants::{
     AddressPattern, BadHttpPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,

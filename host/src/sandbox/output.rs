@@ -82,7 +82,11 @@ impl Lines {
         }
     }
 
-    fn emit(&self, line: &[u8]) {
+    fn emit(&mut self, line: &[u8]) {
+        if !self.setup.log.take(line.len()) {
+            self.dropped += line.len();
+            return;
+        }
         let text = String::from_utf8_lossy(line);
         let tags = &self.setup.tags;
         tracing::info!(
@@ -110,7 +114,7 @@ impl Lines {
                 mount = &*tags.mount,
                 stream = self.stream,
                 dropped_bytes = self.dropped,
-                "handler output over {MAX_OUTPUT} bytes was dropped"
+                "handler output past its allowance ({MAX_OUTPUT} bytes per stream and delivery, the tenant's log_rate) was dropped"
             );
         }
         self.kept = 0;

@@ -14,6 +14,8 @@ use super::http::{HttpConnections, HttpGate};
 use super::module::LogTags;
 use super::outbox::{Outbox, Owners};
 use super::output::LogOutput;
+use super::share::GuestLog;
+use crate::config::LogLevel;
 
 /// Longest guest log line kept (from the `log` import or its output
 /// streams); the rest is cut so a handler cannot flood the host's log.
@@ -41,6 +43,8 @@ pub(crate) struct InstanceSetup {
     pub(crate) owners: Owners,
     /// The tenant's outbound HTTP connections.
     pub(crate) connections: HttpConnections,
+    /// What the tenant's handlers may log.
+    pub(crate) log: GuestLog,
     /// Whether the empty environment has been noted in the log yet.
     empty_environment_noted: AtomicBool,
     /// Output bytes over the per-delivery allowance, not yet reported.
@@ -53,12 +57,14 @@ impl InstanceSetup {
         grants: Grants,
         owners: Owners,
         connections: HttpConnections,
+        log: GuestLog,
     ) -> InstanceSetup {
         InstanceSetup {
             tags,
             grants,
             owners,
             connections,
+            log,
             empty_environment_noted: AtomicBool::new(false),
             output_dropped: AtomicU64::new(0),
         }
@@ -186,7 +192,7 @@ impl WasiHttpView for StoreState {
 impl LogHost for StoreState {
     fn log(&mut self, level: Level, message: String) {
         let room = MAX_LOG_PER_CALL.saturating_sub(self.logged);
-        if message.len() > room {
+        if message.len() > room || !self.setup.log.take(message.len()) {
             self.setup.output_dropped(message.len());
             return;
         }
@@ -194,13 +200,34 @@ impl LogHost for StoreState {
         let message = escape_controls(truncate(&message, MAX_LOG_LINE));
         let tags = &self.setup.tags;
         let (tenant, mount) = (&*tags.tenant, &*tags.mount);
-        match level {
+        match capped(level, self.setup.log.level) {
             Level::Trace => tracing::trace!(target: "wharf::guest", tenant, mount, "{message}"),
             Level::Debug => tracing::debug!(target: "wharf::guest", tenant, mount, "{message}"),
             Level::Info => tracing::info!(target: "wharf::guest", tenant, mount, "{message}"),
             Level::Warn => tracing::warn!(target: "wharf::guest", tenant, mount, "{message}"),
             Level::Error => tracing::error!(target: "wharf::guest", tenant, mount, "{message}"),
         }
+    }
+}
+
+/// `level`, or `cap` where `level` is more severe.
+fn capped(level: Level, cap: LogLevel) -> Level {
+    let severity = |level: Level| match level {
+        Level::Error => LogLevel::Error,
+        Level::Warn => LogLevel::Warn,
+        Level::Info => LogLevel::Info,
+        Level::Debug => LogLevel::Debug,
+        Level::Trace => LogLevel::Trace,
+    };
+    if severity(level) >= cap {
+        return level;
+    }
+    match cap {
+        LogLevel::Error => Level::Error,
+        LogLevel::Warn => Level::Warn,
+        LogLevel::Info => Level::Info,
+        LogLevel::Debug => Level::Debug,
+        LogLevel::Trace => Level::Trace,
     }
 }
 
@@ -322,6 +349,7 @@ mod tests {
             Grants::default(),
             Owners::default(),
             HttpConnections::new(1),
+            GuestLog::new(1 << 20, LogLevel::Trace),
         ));
         let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new());
         state.begin_call(Instant::now());

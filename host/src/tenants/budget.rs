@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::TenantBudget;
-use crate::sandbox::{CpuLane, HttpConnections, MemoryBudget};
+use crate::sandbox::TenantShare;
 
 /// The semaphores behind a tenant's budget; `None` where it sets no limit.
 pub(crate) struct TenantLimits {
@@ -16,10 +16,8 @@ pub(crate) struct TenantLimits {
     mounts: u32,
     running: Option<Arc<Semaphore>>,
     pending_copies: Option<Arc<Semaphore>>,
-    memory: Option<MemoryBudget>,
     buffered: Buffered,
-    lane: CpuLane,
-    http_connections: HttpConnections,
+    share: TenantShare,
 }
 
 /// Bytes of deliveries held from when each is taken off its link until it
@@ -103,21 +101,14 @@ impl TenantLimits {
             mounts: u32::try_from(mounts).unwrap_or(u32::MAX).max(1),
             running: budget.max_running.map(semaphore),
             pending_copies: budget.max_pending_copies.map(semaphore),
-            memory: budget.max_memory.map(MemoryBudget::new),
             buffered: Buffered::new(budget.max_buffered),
-            lane: CpuLane::new(),
-            http_connections: HttpConnections::new(budget.max_http_connections),
+            share: TenantShare::new(&budget),
         })
     }
 
-    /// The tenant's outbound HTTP connections.
-    pub(crate) fn http_connections(&self) -> HttpConnections {
-        self.http_connections.clone()
-    }
-
-    /// The tenant's shared instance memory, if it sets `max_memory`.
-    pub(crate) fn memory(&self) -> Option<MemoryBudget> {
-        self.memory.clone()
+    /// What the tenant's instances share.
+    pub(crate) fn share(&self) -> TenantShare {
+        self.share.clone()
     }
 
     /// One mount's share of the tenant's `max_buffered`, in bytes.
@@ -128,11 +119,6 @@ impl TenantLimits {
     /// The tenant's bytes of deliveries held.
     pub(crate) fn buffered(&self) -> &Buffered {
         &self.buffered
-    }
-
-    /// Where the tenant's long-running handlers take turns.
-    pub(crate) fn lane(&self) -> CpuLane {
-        self.lane.clone()
     }
 
     /// Waits until the tenant may run one more delivery.

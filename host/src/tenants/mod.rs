@@ -22,7 +22,7 @@ use crate::admin::{AdminServer, Health, Metrics};
 use crate::config::{Config, Mount};
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
 use crate::sandbox::{
-    CallLimits, CpuLane, HttpConnections, Instances, LoadError, LogTags, Module, PoolSize, Sandbox,
+    CallLimits, Instances, LoadError, LogTags, Module, PoolSize, Sandbox, TenantShare,
 };
 use control::{Command, Control};
 
@@ -202,9 +202,7 @@ async fn probe_modules(
             mount.grants.clone(),
             tags,
             config.address_owners().into(),
-            None,
-            CpuLane::new(),
-            HttpConnections::new(tenant.budget.max_http_connections),
+            TenantShare::new(&tenant.budget),
             sandbox.slots().clone(),
         );
         if let Err(failure) = instances.probe().await {

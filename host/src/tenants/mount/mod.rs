@@ -85,9 +85,7 @@ pub(crate) fn instances_for(
         mount.grants.clone(),
         tags.clone(),
         owners.clone(),
-        tenant.memory(),
-        tenant.lane(),
-        tenant.http_connections(),
+        tenant.share(),
         slots.clone(),
     ))
 }

@@ -16,7 +16,9 @@
 //! body, drop if the host denied the request, retry otherwise), `fields`
 //! (create `wasi:http` header maps of 8 KiB each and keep them, until the
 //! host refuses one: then trap), `open=N=HOST:PORT` (start N requests to
-//! `http://HOST:PORT/slow` without waiting for any, then loop forever).
+//! `http://HOST:PORT/slow` without waiting for any, then loop forever),
+//! `shout=BYTES` (log that much at `error` in lines of 100 bytes, then
+//! trap).
 //!
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
@@ -178,6 +180,9 @@ fn act(d: &Delivery, action: &str) -> Outcome {
             {
                 return open(n, authority);
             }
+            if let Some(Ok(bytes)) = other.strip_prefix("shout=").map(str::parse::<usize>) {
+                shout(bytes);
+            }
             if let Some(url) = other.strip_prefix("fetch=") {
                 return fetch(d, url);
             }
@@ -292,6 +297,14 @@ fn open(n: usize, authority: &str) -> Outcome {
         }
     }
     spin()
+}
+
+fn shout(bytes: usize) -> ! {
+    let line = format!("shout {}", "!".repeat(94));
+    for _ in 0..bytes / 100 {
+        log::error(&line);
+    }
+    panic!("shouted {bytes} bytes")
 }
 
 fn fields() -> Outcome {
