@@ -82,7 +82,7 @@ pub async fn invoke(
         tags,
         Owners::default(),
         TenantShare::new(&TenantBudget {
-            log_level: LogLevel::Trace,
+            log_level: LogLevel::Error,
             ..TenantBudget::default()
         }),
         sandbox.slots().clone(),

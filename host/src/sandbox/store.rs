@@ -330,6 +330,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_line_more_severe_than_the_cap_is_logged_at_the_cap() {
+        let at = |level, cap| format!("{:?}", capped(level, cap));
+        assert_eq!(at(Level::Error, LogLevel::Warn), "Level::Warn");
+        assert_eq!(at(Level::Warn, LogLevel::Warn), "Level::Warn");
+        assert_eq!(at(Level::Info, LogLevel::Warn), "Level::Info");
+        assert_eq!(at(Level::Error, LogLevel::Error), "Level::Error");
+        assert_eq!(at(Level::Debug, LogLevel::Info), "Level::Debug");
+        assert_eq!(at(Level::Trace, LogLevel::Error), "Level::Trace");
+    }
+
+    #[test]
     fn control_characters_are_escaped() {
         assert_eq!(escape_controls("plain\ttext"), "plain\ttext");
         assert_eq!(
@@ -349,7 +360,7 @@ mod tests {
             Grants::default(),
             Owners::default(),
             HttpConnections::new(1),
-            GuestLog::new(1 << 20, LogLevel::Trace),
+            GuestLog::new(1 << 20, LogLevel::Error),
         ));
         let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new());
         state.begin_call(Instant::now());
