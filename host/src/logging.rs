@@ -2,7 +2,7 @@
 //! thread of their own that writes them to stderr. A slow or stalled log
 //! pipe then never blocks the runtime's workers (and with them every
 //! tenant); lines that find the queue full are dropped and counted
-//! (`wharf_log_lines_dropped`).
+//! (`wharf_log_lines_dropped_total`).
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -70,15 +70,19 @@ fn write_lines(lines: Receiver<Line>, mut out: impl Write) {
     }
 }
 
-/// Waits (a little) for every queued line to be written: before exit.
+/// Waits (at most [`FLUSH_WAIT`]) for every queued line to be written:
+/// before exit. A stalled pipe cannot hold the exit: the flush is queued
+/// from a thread of its own.
 pub fn flush() {
     let Some(writer) = WRITER.get() else {
         return;
     };
     let (done, written) = sync_channel(1);
-    if writer.queue.send(Line::Flush(done)).is_ok() {
-        let _ = written.recv_timeout(FLUSH_WAIT);
-    }
+    let queue = writer.queue.clone();
+    let _ = std::thread::Builder::new()
+        .name("wharf-log-flush".into())
+        .spawn(move || queue.send(Line::Flush(done)));
+    let _ = written.recv_timeout(FLUSH_WAIT);
 }
 
 /// One event's line, sent when the formatter is done with it.

@@ -140,12 +140,11 @@ async fn a_handler_creating_header_maps_in_a_loop_is_stopped_within_its_resource
         HOSTILE,
         async |wharf| {
             wharf
-                .wait_for_log("resource table has no free keys")
-                .await?;
-            wharf
-                .wait_for_log("which this mount does not grant; add `http = [")
-                .await?;
-            Ok(())
+                .wait_for_each(&[
+                    "resource table has no free keys",
+                    "which this mount does not grant; add `http = [",
+                ])
+                .await
         },
     )
     .await?;

@@ -76,6 +76,38 @@ impl WharfProcess {
         Ok(process)
     }
 
+    /// Reads the log until each of `needles` has been in a line, in any
+    /// order.
+    pub async fn wait_for_each(&mut self, needles: &[&str]) -> anyhow::Result<()> {
+        let mut unseen: Vec<&str> = needles.to_vec();
+        while let Some(first) = unseen.first().copied() {
+            let line = self
+                .wait_for_log_any(&unseen)
+                .await
+                .with_context(|| format!("waiting for {first:?} and {} more", unseen.len() - 1))?;
+            unseen.retain(|needle| !line.contains(needle));
+        }
+        Ok(())
+    }
+
+    /// Reads the log until a line contains any of `needles`.
+    async fn wait_for_log_any(&mut self, needles: &[&str]) -> anyhow::Result<String> {
+        let log = self
+            .log
+            .as_mut()
+            .context("the log is read in the background")?;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let line = tokio::time::timeout_at(deadline, log.next_line())
+                .await
+                .context("no such log line in time")??
+                .context("wharf exited")?;
+            if needles.iter().any(|needle| line.contains(needle)) {
+                return Ok(line);
+            }
+        }
+    }
+
     /// Reads the log until `n` lines contained `needle`.
     pub async fn count_log(&mut self, needle: &str, n: usize) -> anyhow::Result<()> {
         for _ in 0..n {

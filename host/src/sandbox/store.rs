@@ -192,7 +192,8 @@ impl WasiHttpView for StoreState {
 impl LogHost for StoreState {
     fn log(&mut self, level: Level, message: String) {
         let room = MAX_LOG_PER_CALL.saturating_sub(self.logged);
-        if message.len() > room || !self.setup.log.take(message.len()) {
+        // Charged what reaches the log: a line is cut to MAX_LOG_LINE.
+        if message.len() > room || !self.setup.log.take(message.len().min(MAX_LOG_LINE)) {
             self.setup.output_dropped(message.len());
             return;
         }
