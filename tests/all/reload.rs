@@ -369,3 +369,68 @@ async fn files_behind_a_swapped_symlink_reload_as_kubernetes_swaps_them() -> any
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_reload_from_one_mount_to_fifty_tenants_with_more_memory_serves_every_mount()
+-> anyhow::Result<()> {
+    const TENANTS: usize = 50;
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    // A pool of 8 instances, first sized for one mount of 16 MiB.
+    let host_lines = "max_instances = 8";
+    let first = unique("grow-first");
+    let small = TenantToml::new(
+        "first",
+        vec![MountToml::new("m", "fixture_script", &first).with("memory = \"16MiB\"")],
+    );
+    files.replace(
+        "wharf.toml",
+        tenants_text(&url, host_lines, &[small]).as_bytes(),
+    )?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    let queues: Vec<String> = (0..TENANTS).map(|_| unique("grow")).collect();
+    let tenants: Vec<TenantToml> = queues
+        .iter()
+        .enumerate()
+        .map(|(i, queue)| {
+            TenantToml::new(
+                &format!("t{i}"),
+                vec![MountToml::new("m", "fixture_script", queue).with("memory = \"64MiB\"")],
+            )
+        })
+        .collect();
+    files.replace(
+        "wharf.toml",
+        tenants_text(&url, host_lines, &tenants).as_bytes(),
+    )?;
+    let change = config_reloaded(&mut host).await?;
+    assert_eq!(change.added.len(), TENANTS, "{change:?}");
+    assert_eq!(change.removed, ["first/m"]);
+    let mut client = Client::connect(&url).await?;
+    // Each handler grows its memory past the 16 MiB of the first config.
+    for queue in &queues {
+        client
+            .publish(
+                queue,
+                TestMessage::new(queue, "x").header(0).script("*:grow=40"),
+            )
+            .await?;
+    }
+    let mut waiting: std::collections::HashSet<&String> = queues.iter().collect();
+    while !waiting.is_empty() {
+        let (id, disposition) = host
+            .next(|e| match e {
+                Event::Handled(h) => Some((h.message_id.clone(), h.disposition)),
+                _ => None,
+            })
+            .await?;
+        if let Some(id) = id
+            && waiting.remove(&id)
+        {
+            assert_eq!(disposition, Some(Disposition::Accepted), "{id}");
+        }
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -11,6 +11,7 @@
 pub mod artemis_users;
 pub mod bench;
 pub mod client;
+pub mod neighbour;
 pub mod process;
 pub mod proxy;
 pub mod rabbitmq4;

@@ -7,19 +7,16 @@ use std::time::Duration;
 use wharf::authoring::InvokeInput;
 use wharf::config::TenantBudget;
 use wharf::sandbox::{
-    CallLimits, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, Owners, PoolSize,
-    Sandbox, TenantShare,
+    CallLimits, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, Owners, Sandbox,
+    TenantShare,
 };
 
-/// Memory each instance may use, and each pool slot holds.
+/// Memory each instance may use.
 pub const MEMORY: u64 = 256 << 20;
 
-/// A sandbox whose pool holds `instances` instances of [`MEMORY`].
+/// A sandbox whose pool holds `instances` instances.
 pub fn sandbox(instances: u32) -> anyhow::Result<Sandbox> {
-    Sandbox::new(PoolSize {
-        instances,
-        max_memory: MEMORY,
-    })
+    Sandbox::new(instances)
 }
 
 /// `module`'s instances as mount `mount` would run them under `policy`,

@@ -466,6 +466,8 @@ impl Mount {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
     /// Default memory budget per instance.
     pub const DEFAULT_MEMORY: u64 = 64 << 20;
+    /// The largest `memory`: all a 32-bit linear memory can address.
+    pub const MAX_MEMORY: u64 = 4 << 30;
     /// Default ceiling for `retry-after` delays.
     pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
     /// Default number of deliveries a reused instance serves.
@@ -1059,6 +1061,16 @@ impl Checker<'_> {
             && *m.get_ref() < 1 << 20
         {
             return Err(self.invalid(m, format!("{here}: `memory` must be at least 1MiB")));
+        }
+        if let Some(m) = &raw.memory
+            && *m.get_ref() > Mount::MAX_MEMORY
+        {
+            return Err(self.invalid(
+                m,
+                format!(
+                    "{here}: `memory` must be at most 4GiB, all a 32-bit linear memory can address"
+                ),
+            ));
         }
         if let Some(size) = &raw.max_message_size
             && *size.get_ref() < 1024

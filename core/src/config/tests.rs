@@ -382,6 +382,13 @@ fn mounts_choose_their_message_size_retry_delay_and_outputs_paths() {
 }
 
 #[test]
+fn memory_past_what_a_linear_memory_addresses_is_refused_naming_the_mount() {
+    let e = error(&GOOD.replace(r#"memory = "64MiB""#, r#"memory = "5GiB""#));
+    assert!(e.contains("`memory` must be at most 4GiB"), "{e}");
+    assert!(e.contains("orders"), "the mount is not named: {e}");
+}
+
+#[test]
 fn max_instances_must_be_positive() {
     let e = error("[broker]\nurl = \"amqp://h\"\n[host]\nmax_instances = 0\n");
     assert!(e.contains("at least 1"), "{e}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config::{LogLevel, Mount, TenantBudget};
 use crate::sandbox::{
     CallLimits, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome, Outgoing,
-    Owners, PoolSize, Property, Sandbox, TenantShare, Value,
+    Owners, Property, Sandbox, TenantShare, Value,
 };
 
 /// What the made-up delivery carries.
@@ -60,10 +60,7 @@ pub async fn invoke(
     module: &Path,
     input: InvokeInput,
 ) -> anyhow::Result<(Result<Outcome, Failure>, Vec<Outgoing>)> {
-    let sandbox = Sandbox::new(PoolSize {
-        instances: 1,
-        max_memory: Mount::DEFAULT_MEMORY,
-    })?;
+    let sandbox = Sandbox::new(1)?;
     let module = sandbox.load(module)?;
     let delivery = input.delivery();
     let limits = CallLimits {

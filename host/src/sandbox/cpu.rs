@@ -1,15 +1,28 @@
-//! Keeping long-running handlers from crowding out everyone else.
+//! Sharing the cores between tenants.
 //!
-//! Handlers are expected to finish in milliseconds. One that keeps running
-//! past [`LONG_RUNNING_AFTER_SLICES`] epoch ticks is deprioritised: from then
-//! on each of its slices needs its tenant's [`CpuLane`] (one slice of the
+//! Wasm runs only while its call holds one of the host's CPU turns, one per
+//! core: a call takes a turn each time it is polled and gives it back when
+//! it yields (at every epoch tick, or while it waits on a host call). When
+//! calls wait for a turn, a freed turn goes to the tenant that has used the
+//! least CPU time so far (stride scheduling: each tenant's use is counted
+//! from the moment it starts waiting), so a tenant running many short
+//! handlers gets an equal share of the cores and its waiting calls are not
+//! even runnable, while a tenant alone gets them all.
+//!
+//! On top of that, a handler that keeps running past
+//! [`LONG_RUNNING_AFTER_SLICES`] epoch ticks is deprioritised: from then on
+//! each of its slices needs its tenant's long-running slot (one slice of the
 //! tenant's long-running handlers at a time) and is followed by a pause. A
 //! tenant whose handlers all spin therefore gets at most
-//! `slice / (slice + pause)` of one core, and other tenants keep their speed.
-//! Short handlers never meet the lane.
+//! `slice / (slice + pause)` of one core even on an idle host. Short
+//! handlers never meet the slot.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -21,18 +34,27 @@ pub(crate) const LONG_RUNNING_AFTER_SLICES: u32 = 5;
 /// tenant's long-running handlers together get at most a tenth of a core.
 pub(crate) const PAUSE: Duration = Duration::from_millis(90);
 
-/// The right to run one slice of a long-running handler, shared by one
-/// tenant's mounts.
+/// One tenant's place in the CPU: its claim on the host's turns and the
+/// right to run one slice of a long-running handler, shared by its mounts.
 #[derive(Clone)]
 pub struct CpuLane {
     slot: Arc<Semaphore>,
+    turns: Arc<Lane>,
 }
 
 impl CpuLane {
     /// A lane of its own.
     pub fn new() -> CpuLane {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         CpuLane {
             slot: Arc::new(Semaphore::new(1)),
+            turns: Arc::new(Lane {
+                id: NEXT.fetch_add(1, Ordering::Relaxed),
+                used: AtomicU64::new(0),
+                holding: AtomicUsize::new(0),
+                asked: AtomicU64::new(0),
+                active: AtomicBool::new(false),
+            }),
         }
     }
 }
@@ -90,8 +112,359 @@ impl CpuUse {
     }
 }
 
+/// A tenant as the turns see it. Its fields change only under the turns'
+/// lock.
+struct Lane {
+    id: u64,
+    /// CPU time used, in nanoseconds, since the host started or since the
+    /// tenant last started waiting behind others (whichever is later).
+    used: AtomicU64,
+    /// Turns it holds now.
+    holding: AtomicUsize,
+    /// When it last asked for a turn, in microseconds since [`EPOCH`].
+    asked: AtomicU64,
+    /// Whether it is in the active list.
+    active: AtomicBool,
+}
+
+/// How recently a tenant must have asked for a turn to count as active:
+/// the cores are shared among the active tenants.
+const ACTIVE_FOR: Duration = Duration::from_millis(100);
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn micros(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*EPOCH).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The host's CPU turns, one per core.
+static TURNS: LazyLock<Turns> = LazyLock::new(|| {
+    Turns::new(std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+});
+
+/// Turns and the calls waiting for one, by tenant.
+struct Turns {
+    state: Mutex<TurnState>,
+}
+
+struct TurnState {
+    cores: usize,
+    free: usize,
+    /// The `used` of the tenant last given a turn: a tenant that starts
+    /// waiting is counted from here, so time it spent idle (while others
+    /// ran) is no credit.
+    clock: u64,
+    waiting: Vec<(Arc<Lane>, VecDeque<Arc<Ticket>>)>,
+    /// Tenants that asked for a turn within [`ACTIVE_FOR`] (some may have
+    /// gone quiet since the last sweep).
+    active: Vec<Arc<Lane>>,
+    swept: u64,
+}
+
+/// A call's place in line for a turn.
+#[derive(Default)]
+struct Ticket {
+    state: Mutex<TicketState>,
+}
+
+#[derive(Default)]
+enum TicketState {
+    #[default]
+    Waiting,
+    Parked(Waker),
+    Granted,
+    /// Its call was dropped while it waited.
+    Gone,
+}
+
+impl TurnState {
+    /// The most turns one tenant may hold: an equal share of the cores
+    /// among the active tenants, so one tenant's handlers, however short,
+    /// leave cores to the others' handlers and to the host's own work.
+    fn cap(&self) -> usize {
+        self.cores.div_ceil(self.active.len().max(1))
+    }
+
+    /// Forgets tenants that have not asked for a turn lately.
+    fn sweep(&mut self, now: u64) {
+        let window = ACTIVE_FOR.as_micros() as u64;
+        if now.saturating_sub(self.swept) >= window / 2 {
+            self.swept = now;
+            self.active.retain(|lane| {
+                let active = now.saturating_sub(lane.asked.load(Ordering::Relaxed)) < window;
+                lane.active.store(active, Ordering::Relaxed);
+                active
+            });
+        }
+    }
+
+    fn note_asked(&mut self, lane: &Arc<Lane>, now: u64) {
+        lane.asked.store(now, Ordering::Relaxed);
+        if !lane.active.swap(true, Ordering::Relaxed) {
+            self.active.push(lane.clone());
+        }
+    }
+
+    fn hand_out(&mut self, lane: &Lane) {
+        self.free -= 1;
+        lane.holding.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives free turns to waiting tenants under their cap, the one that
+    /// has used least first; returns the wakers of the calls granted.
+    fn dispatch(&mut self) -> Vec<Waker> {
+        let mut wakers = Vec::new();
+        let cap = self.cap();
+        while self.free > 0 {
+            let Some(next) = (0..self.waiting.len())
+                .filter(|&i| self.waiting[i].0.holding.load(Ordering::Relaxed) < cap)
+                .min_by_key(|&i| self.waiting[i].0.used.load(Ordering::Relaxed))
+            else {
+                break;
+            };
+            let lane = self.waiting[next].0.clone();
+            let ticket = self.waiting[next]
+                .1
+                .pop_front()
+                .expect("waiting queues are never empty");
+            if self.waiting[next].1.is_empty() {
+                self.waiting.swap_remove(next);
+            }
+            let mut ticket_state = lock(&ticket.state);
+            match std::mem::replace(&mut *ticket_state, TicketState::Granted) {
+                TicketState::Gone => *ticket_state = TicketState::Gone,
+                TicketState::Waiting => {}
+                TicketState::Parked(waker) => wakers.push(waker),
+                TicketState::Granted => unreachable!("a ticket is granted once"),
+            }
+            if matches!(*ticket_state, TicketState::Granted) {
+                self.clock = lane.used.load(Ordering::Relaxed);
+                self.hand_out(&lane);
+            }
+        }
+        wakers
+    }
+}
+
+impl Turns {
+    fn new(cores: usize) -> Turns {
+        Turns {
+            state: Mutex::new(TurnState {
+                cores,
+                free: cores,
+                clock: 0,
+                waiting: Vec::new(),
+                active: Vec::new(),
+                swept: 0,
+            }),
+        }
+    }
+
+    /// A turn at once, or a ticket to wait with.
+    fn take(&self, lane: &Arc<Lane>, now: Instant) -> Result<(), Arc<Ticket>> {
+        let now = micros(now);
+        let mut state = lock(&self.state);
+        state.sweep(now);
+        state.note_asked(lane, now);
+        let result = if state.free > 0 && lane.holding.load(Ordering::Relaxed) < state.cap() {
+            state.hand_out(lane);
+            state.clock = state.clock.max(lane.used.load(Ordering::Relaxed));
+            Ok(())
+        } else {
+            let ticket = Arc::new(Ticket::default());
+            match state.waiting.iter_mut().find(|(l, _)| l.id == lane.id) {
+                Some((_, queue)) => queue.push_back(ticket.clone()),
+                None => {
+                    lane.used.fetch_max(state.clock, Ordering::Relaxed);
+                    state
+                        .waiting
+                        .push((lane.clone(), VecDeque::from([ticket.clone()])));
+                }
+            }
+            Err(ticket)
+        };
+        // A sweep may have raised the cap of tenants already waiting.
+        let wakers = state.dispatch();
+        drop(state);
+        wakers.into_iter().for_each(Waker::wake);
+        result
+    }
+
+    /// Gives a turn back after `ran`.
+    fn give_back(&self, lane: &Lane, ran: Duration) {
+        let ran = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
+        let mut state = lock(&self.state);
+        lane.used.fetch_add(ran, Ordering::Relaxed);
+        lane.holding.fetch_sub(1, Ordering::Relaxed);
+        state.free += 1;
+        let wakers = state.dispatch();
+        drop(state);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// A call's future, run only while it holds a CPU turn.
+pub(crate) struct OnCpu<F> {
+    call: Pin<Box<F>>,
+    lane: Arc<Lane>,
+    ticket: Option<Arc<Ticket>>,
+}
+
+impl<F: Future> OnCpu<F> {
+    pub(crate) fn new(lane: &CpuLane, call: F) -> OnCpu<F> {
+        OnCpu {
+            call: Box::pin(call),
+            lane: lane.turns.clone(),
+            ticket: None,
+        }
+    }
+}
+
+impl<F: Future> Future for OnCpu<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        if this.ticket.is_none()
+            && let Err(ticket) = TURNS.take(&this.lane, Instant::now())
+        {
+            this.ticket = Some(ticket);
+        }
+        if let Some(ticket) = &this.ticket {
+            let mut state = lock(&ticket.state);
+            if !matches!(*state, TicketState::Granted) {
+                *state = TicketState::Parked(cx.waker().clone());
+                return Poll::Pending;
+            }
+            drop(state);
+            this.ticket = None;
+        }
+        let started = Instant::now();
+        let polled = this.call.as_mut().poll(cx);
+        TURNS.give_back(&this.lane, started.elapsed());
+        polled
+    }
+}
+
+impl<F> Drop for OnCpu<F> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            let mut state = lock(&ticket.state);
+            if matches!(*state, TicketState::Granted) {
+                drop(state);
+                TURNS.give_back(&self.lane, Duration::ZERO);
+            } else {
+                *state = TicketState::Gone;
+            }
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane() -> Arc<Lane> {
+        CpuLane::new().turns
+    }
+
+    impl std::fmt::Debug for Ticket {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Ticket")
+        }
+    }
+
+    fn granted(ticket: &Ticket) -> bool {
+        matches!(*lock(&ticket.state), TicketState::Granted)
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn at(ms: u64) -> Instant {
+        *EPOCH + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_tenant_alone_takes_every_turn() {
+        let turns = Turns::new(2);
+        let a = lane();
+        assert!(turns.take(&a, at(0)).is_ok());
+        assert!(turns.take(&a, at(0)).is_ok());
+        let third = turns
+            .take(&a, at(0))
+            .expect_err("a third turn on two cores");
+        turns.give_back(&a, MS);
+        assert!(granted(&third));
+    }
+
+    #[test]
+    fn a_freed_turn_goes_to_the_tenant_that_used_least() {
+        let turns = Turns::new(1);
+        let (busy, quiet) = (lane(), lane());
+        turns.take(&busy, at(0)).expect("a free turn");
+        let busy_next: Vec<_> = (0..3)
+            .map(|_| turns.take(&busy, at(0)).expect_err("no free turn"))
+            .collect();
+        let quiet_next = turns.take(&quiet, at(0)).expect_err("no free turn");
+        turns.give_back(&busy, MS);
+        assert!(granted(&quiet_next), "the busy tenant went first again");
+        assert!(!busy_next.iter().any(|t| granted(t)));
+        turns.give_back(&quiet, MS / 10);
+        assert!(granted(&busy_next[0]));
+    }
+
+    #[test]
+    fn time_a_tenant_spent_idle_is_no_credit() {
+        let turns = Turns::new(1);
+        let (a, b) = (lane(), lane());
+        // A runs alone for a second.
+        for _ in 0..10 {
+            turns.take(&a, at(0)).expect("a free turn");
+            turns.give_back(&a, 100 * MS);
+        }
+        turns.take(&a, at(0)).expect("a free turn");
+        let a_next = turns.take(&a, at(0)).expect_err("no free turn");
+        let b_next = turns.take(&b, at(0)).expect_err("no free turn");
+        turns.give_back(&a, MS);
+        assert!(granted(&b_next));
+        turns.give_back(&b, 2 * MS);
+        assert!(granted(&a_next), "B was owed the second it did not want");
+    }
+
+    #[test]
+    fn a_waiter_that_went_away_passes_its_turn_on() {
+        let turns = Turns::new(1);
+        let (a, b) = (lane(), lane());
+        turns.take(&a, at(0)).expect("a free turn");
+        let gone = turns.take(&b, at(0)).expect_err("no free turn");
+        let next = turns.take(&a, at(0)).expect_err("no free turn");
+        *lock(&gone.state) = TicketState::Gone;
+        turns.give_back(&a, MS);
+        assert!(granted(&next));
+        turns.give_back(&a, MS);
+        assert!(turns.take(&b, at(0)).is_ok(), "the turn was not given back");
+    }
+
+    #[test]
+    fn a_busy_tenant_leaves_a_core_to_an_active_neighbour_until_it_goes_quiet() {
+        let turns = Turns::new(2);
+        let (busy, quiet) = (lane(), lane());
+        turns.take(&busy, at(0)).expect("a free turn");
+        turns.take(&quiet, at(0)).expect("a free turn");
+        turns.give_back(&quiet, MS);
+        let capped = turns
+            .take(&busy, at(1))
+            .expect_err("a second core while the neighbour is active");
+        turns.give_back(&busy, MS);
+        assert!(granted(&capped), "the busy tenant's own turn came back");
+        // A hundred milliseconds without a word from the neighbour: both
+        // cores are the busy tenant's again.
+        assert!(turns.take(&busy, at(200)).is_ok());
+    }
 }

@@ -14,6 +14,7 @@ use super::grants;
 use super::instances::InstanceSlots;
 use super::module::{Compiled, LoadError, Module};
 use super::store::StoreState;
+use crate::config::Mount;
 
 /// How often the epoch advances. A running handler yields to the async
 /// runtime at every tick and its deadline is checked then, so this bounds
@@ -43,16 +44,6 @@ struct Inner {
     _ticker: EpochTicker,
 }
 
-/// How large the host's instance pool is: what every mount may hold at
-/// once, over all of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolSize {
-    /// Component instances (running or kept for reuse).
-    pub instances: u32,
-    /// The largest linear memory any mount allows, in bytes.
-    pub max_memory: u64,
-}
-
 /// Linear memories one component may define; more is refused at load.
 pub const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
 /// Tables one component may define; more is refused at load.
@@ -74,19 +65,21 @@ const PROBE_INSTANCES: u32 = 2;
 
 impl Sandbox {
     /// Creates the engine: component model, epoch interruption, and the
-    /// pooling allocator sized by `size` where its address space can be
-    /// reserved (otherwise on-demand allocation).
-    pub fn new(size: PoolSize) -> anyhow::Result<Sandbox> {
+    /// pooling allocator holding `instances` instances where its address
+    /// space can be reserved (otherwise on-demand allocation). The pool is
+    /// the host's ceiling, not what the mounts of one config need, so mounts
+    /// added by a reload find room in it.
+    pub fn new(instances: u32) -> anyhow::Result<Sandbox> {
         let slots = InstanceSlots::new(
-            size.instances,
-            size.instances
+            instances,
+            instances
                 .saturating_mul(MEMORIES_PER_INSTANCE)
                 .max(MAX_MEMORIES_PER_COMPONENT),
-            size.instances
+            instances
                 .saturating_mul(TABLES_PER_INSTANCE)
                 .max(MAX_TABLES_PER_COMPONENT),
         );
-        let engine = match Engine::new(&config(Some((size, &slots)))) {
+        let engine = match Engine::new(&config(Some((instances, &slots)))) {
             Ok(engine) => engine,
             Err(e) => {
                 tracing::warn!(error = %e, "pooling allocator unavailable; allocating instances on demand");
@@ -162,11 +155,11 @@ impl Sandbox {
     }
 }
 
-fn config(pool: Option<(PoolSize, &InstanceSlots)>) -> Config {
+fn config(pool: Option<(u32, &InstanceSlots)>) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true);
-    if let Some((size, slots)) = pool {
-        let instances = size.instances.saturating_add(PROBE_INSTANCES);
+    if let Some((instances, slots)) = pool {
+        let instances = instances.saturating_add(PROBE_INSTANCES);
         let (memories, tables) = slots.totals();
         let mut pool = PoolingAllocationConfig::default();
         // Deliveries wait for room in `slots` before they instantiate, so
@@ -189,9 +182,11 @@ fn config(pool: Option<(PoolSize, &InstanceSlots)>) -> Config {
             .linear_memory_keep_resident(KEEP_RESIDENT)
             .table_keep_resident(KEEP_RESIDENT)
             .async_stack_keep_resident(KEEP_RESIDENT)
-            // The reservation of each memory is 4 GiB; the mounts' ResourceLimiter
-            // caps what is used.
-            .max_memory_size(usize::try_from(size.max_memory.min(4 << 30)).unwrap_or(usize::MAX));
+            // Every slot can hold the largest `memory` a mount may ask for, so
+            // a reload raising one needs no new pool; the reservation of each
+            // memory is 4 GiB anyway. The mounts' ResourceLimiter caps what is
+            // used.
+            .max_memory_size(usize::try_from(Mount::MAX_MEMORY).unwrap_or(usize::MAX));
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config

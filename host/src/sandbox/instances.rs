@@ -1,15 +1,16 @@
 //! Running deliveries: a fresh instance per delivery, or instances kept for
 //! reuse by one mount's module.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::Grants;
 use super::bindings::{Handler, HandlerPre};
-use super::cpu::CpuLane;
+use super::cpu::{CpuLane, OnCpu};
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
 use super::share::TenantShare;
@@ -27,10 +28,12 @@ pub struct CallLimits {
 
 /// Memory shared by several mounts' instances (a tenant's `max_memory`).
 /// Every instance, running or kept for reuse, holds its mount's `memory`
-/// from it; a mount waits for room before it takes a delivery.
+/// from it; a mount waits for room before it takes a delivery, and kept
+/// instances are dropped to make that room.
 #[derive(Clone)]
 pub struct MemoryBudget {
     pages: Arc<Semaphore>,
+    kept: Kept,
 }
 
 /// The unit memory is counted in: one wasm page.
@@ -42,17 +45,108 @@ impl MemoryBudget {
         let pages = usize::try_from(bytes / PAGE).unwrap_or(usize::MAX);
         MemoryBudget {
             pages: Arc::new(Semaphore::new(pages.min(Semaphore::MAX_PERMITS))),
+            kept: Kept::default(),
         }
     }
 
     async fn reserve(&self, bytes: u64) -> OwnedSemaphorePermit {
         let pages = u32::try_from(bytes.div_ceil(PAGE)).unwrap_or(u32::MAX);
-        self.pages
-            .clone()
-            .acquire_many_owned(pages)
-            .await
-            .expect("the budget's semaphore is never closed")
+        self.kept.take(&self.pages, pages).await
     }
+}
+
+/// Instances kept for reuse, as a shared limit sees them: room they hold
+/// that a running instance needs is taken back from them, longest idle
+/// first, so a kept instance never makes a delivery wait.
+#[derive(Clone, Default)]
+struct Kept {
+    inner: Arc<KeptInner>,
+}
+
+#[derive(Default)]
+struct KeptInner {
+    lists: Mutex<Vec<Weak<IdleList>>>,
+    /// Reservations waiting for room: while any waits, nothing more is kept.
+    waiting: AtomicUsize,
+}
+
+/// One mount's instances kept for reuse.
+type IdleList = Mutex<Vec<Instance>>;
+
+impl Kept {
+    fn register(&self, list: &Arc<IdleList>) {
+        let mut lists = lock(&self.inner.lists);
+        lists.retain(|list| list.strong_count() > 0);
+        lists.push(Arc::downgrade(list));
+    }
+
+    /// Whether a reservation waits for room that kept instances would hold.
+    fn wanted(&self) -> bool {
+        self.inner.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// Drops the longest-idle kept instance; false when none is kept.
+    fn drop_one(&self) -> bool {
+        let lists: Vec<Arc<IdleList>> = lock(&self.inner.lists)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let oldest = lists
+            .iter()
+            .filter_map(|list| {
+                let since = lock(list).first().map(|instance| instance.idle_since)?;
+                Some((since, list))
+            })
+            .min_by_key(|(since, _)| *since);
+        let Some((_, list)) = oldest else {
+            return false;
+        };
+        let dropped = {
+            let mut idle = lock(list);
+            (!idle.is_empty()).then(|| idle.remove(0))
+        };
+        // A list emptied since it was looked at still made progress.
+        drop(dropped);
+        true
+    }
+
+    /// `n` permits of `semaphore`, dropping kept instances while it has too
+    /// few, then waiting for running ones to finish.
+    async fn take(&self, semaphore: &Arc<Semaphore>, n: u32) -> OwnedSemaphorePermit {
+        let closed = "budget semaphores are never closed";
+        if let Ok(permit) = semaphore.clone().try_acquire_many_owned(n) {
+            return permit;
+        }
+        // Counted before looking at the kept instances, and `keep` looks at
+        // the count under the idle list's lock: an instance is either seen
+        // here or not kept at all.
+        self.inner.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.inner.waiting);
+        loop {
+            match semaphore.clone().try_acquire_many_owned(n) {
+                Ok(permit) => return permit,
+                Err(TryAcquireError::Closed) => unreachable!("{closed}"),
+                Err(TryAcquireError::NoPermits) if self.drop_one() => {}
+                Err(TryAcquireError::NoPermits) => break,
+            }
+        }
+        semaphore.clone().acquire_many_owned(n).await.expect(closed)
+    }
+}
+
+/// Counts a reservation as waiting until dropped (also when cancelled).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Room in the host's instance pool, shared by every mount: a delivery
@@ -67,6 +161,7 @@ pub struct InstanceSlots {
     /// holds room for them beyond the mounts' share.
     probes: Arc<Semaphore>,
     totals: (u32, u32),
+    kept: Kept,
 }
 
 /// What one instance of a module takes from the pool.
@@ -92,6 +187,7 @@ impl InstanceSlots {
             tables: semaphore(tables),
             probes: semaphore(2),
             totals: (memories, tables),
+            kept: Kept::default(),
         }
     }
 
@@ -101,14 +197,13 @@ impl InstanceSlots {
     }
 
     async fn acquire(&self, needs: PoolNeeds) -> SlotPermit {
-        let closed = "instance slot semaphores are never closed";
-        let mut permits = vec![self.instances.clone().acquire_owned().await.expect(closed)];
+        let mut permits = vec![self.kept.take(&self.instances, 1).await];
         for (semaphore, n) in [
             (&self.memories, needs.memories),
             (&self.tables, needs.tables),
         ] {
             if n > 0 {
-                permits.push(semaphore.clone().acquire_many_owned(n).await.expect(closed));
+                permits.push(self.kept.take(semaphore, n).await);
             }
         }
         SlotPermit { _permits: permits }
@@ -132,7 +227,7 @@ pub struct Instances {
     budget: Option<MemoryBudget>,
     lane: CpuLane,
     slots: InstanceSlots,
-    idle: Mutex<Vec<Instance>>,
+    idle: Arc<IdleList>,
     /// When these instances were set up: what a fresh instance's idle time
     /// starts from, so making one reads no clock.
     created: Instant,
@@ -218,6 +313,11 @@ impl Instances {
             http_connections,
             log,
         } = share;
+        let idle = Arc::new(IdleList::default());
+        slots.kept.register(&idle);
+        if let Some(budget) = &memory {
+            budget.kept.register(&idle);
+        }
         Instances {
             module,
             limits,
@@ -232,7 +332,7 @@ impl Instances {
             budget: memory,
             lane,
             slots,
-            idle: Mutex::new(Vec::new()),
+            idle,
             created: Instant::now(),
         }
     }
@@ -249,8 +349,8 @@ impl Instances {
             .data_mut()
             .begin_call(Instant::now() + timeout);
         instance.store.set_epoch_deadline(1);
-        let instantiated =
-            tokio::time::timeout(timeout, self.pre().instantiate_async(&mut instance.store)).await;
+        let instantiate = self.pre().instantiate_async(&mut instance.store);
+        let instantiated = tokio::time::timeout(timeout, OnCpu::new(&self.lane, instantiate)).await;
         instance.store.data_mut().end_call();
         match instantiated {
             Ok(Ok(_)) => Ok(()),
@@ -300,7 +400,7 @@ impl Instances {
         store.set_epoch_deadline(1);
         // The epoch check only fires while wasm runs; a guest parked in a
         // host call (a WASI sleep) is caught by this outer timer.
-        let run = self.run(&mut instance, delivery);
+        let run = OnCpu::new(&self.lane, self.run(&mut instance, delivery));
         let result = tokio::time::timeout_at(deadline.into(), run)
             .await
             .unwrap_or(Err(Failure::Timeout(timeout)));
@@ -390,17 +490,26 @@ impl Instances {
         self.idle_list().pop()
     }
 
-    /// Keeps `instance` for reuse if the policy allows; else gives back its
-    /// memory reservation.
+    /// Keeps `instance` for reuse if the policy allows and no other
+    /// instance waits for the room it holds; else gives back its memory
+    /// reservation.
     fn keep(&self, mut instance: Instance) -> Option<OwnedSemaphorePermit> {
-        match self.policy {
-            InstancePolicy::Reuse { max_uses, .. } if instance.uses < max_uses => {
+        if let InstancePolicy::Reuse { max_uses, .. } = self.policy
+            && instance.uses < max_uses
+        {
+            let mut idle = self.idle_list();
+            let wanted = self.slots.kept.wanted()
+                || self
+                    .budget
+                    .as_ref()
+                    .is_some_and(|budget| budget.kept.wanted());
+            if !wanted {
                 instance.idle_since = Instant::now();
-                self.idle_list().push(instance);
-                None
+                idle.push(instance);
+                return None;
             }
-            _ => instance.memory.take(),
         }
+        instance.memory.take()
     }
 
     fn fresh(&self, memory: Option<OwnedSemaphorePermit>, slot: SlotPermit) -> Instance {
@@ -437,8 +546,6 @@ impl Instances {
     }
 
     fn idle_list(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
-        self.idle
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.idle)
     }
 }

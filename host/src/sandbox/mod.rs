@@ -20,7 +20,7 @@ mod store;
 pub use store::{MAX_BODY_CHUNK, MAX_HEADER_BYTES, MAX_RESOURCES};
 
 pub use cpu::CpuLane;
-pub use engine::{PoolSize, Sandbox};
+pub use engine::Sandbox;
 pub use grants::Denied;
 pub use http::{HttpConnections, MAX_CONNECTIONS_PER_INSTANCE};
 pub use instances::{

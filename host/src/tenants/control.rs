@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::{Buffered, TenantLimits};
-use super::load_modules;
 use super::mount::{self, AttachedMount, ModuleSlot, MountSpec, instances_for};
-use super::reload::{self, Change, MountKey, Placement};
+use super::reload::{self, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
+use super::{load_modules, warn_if_pool_short};
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
 use crate::config::{Broker, Config, Mount, SaslMechanism, Tenant};
@@ -402,8 +402,8 @@ impl Control {
             .iter()
             .map(|(key, m)| (key.clone(), (m.spec.config.clone(), m.placement.clone())))
             .collect();
-        let changes = reload::diff(&running, &reload::wanted(&config));
-        let mut modules: HashMap<MountKey, (Tenant, Mount, Module)> = config
+        let plan = reload::plan(&running, &reload::wanted(&config));
+        let modules = config
             .mounts()
             .zip(modules)
             .map(|((tenant, mount), module)| {
@@ -411,34 +411,15 @@ impl Control {
                 (key, (tenant.clone(), mount.clone(), module))
             })
             .collect();
-        let mut change = ConfigChange::default();
-        let mut errors = Vec::new();
-        let mut removed = Vec::new();
-        for (key, what) in &changes {
-            let label = format!("{}/{}", key.0, key.1);
-            match what {
-                Change::Keep => {}
-                Change::Remove => {
-                    removed.push(key.clone());
-                    change.removed.push(label);
-                }
-                Change::Add | Change::Replace => {
-                    let (tenant, mount, module) =
-                        modules.remove(key).expect("wanted mounts have modules");
-                    let replaced = *what == Change::Replace;
-                    match self.start_mount(&tenant, &mount, module, replaced).await {
-                        Ok(()) if replaced => change.replaced.push(label),
-                        Ok(()) => change.added.push(label),
-                        Err(error) => errors.push(format!("{label}: {error}")),
-                    }
-                }
-            }
-        }
-        self.stop(&removed).await;
-        self.forget_idle_tenants();
-        if !errors.is_empty() {
-            change.error = Some(errors.join("\n"));
-        }
+        let change = reload::carry_out(
+            plan,
+            &mut Applying {
+                control: self,
+                modules,
+            },
+        )
+        .await;
+        warn_if_pool_short(&config);
         self.config = config;
         self.watch_files();
         change
@@ -455,15 +436,6 @@ impl Control {
         replacing: bool,
     ) -> Result<(), String> {
         let key = (tenant.name.clone(), mount.name.clone());
-        // A tenant whose budget or broker changed starts over with new ones.
-        let placement = placement(tenant);
-        if self
-            .tenants
-            .get(&tenant.name)
-            .is_some_and(|state| state.placement != placement)
-        {
-            self.tenants.remove(&tenant.name);
-        }
         let spec = self.spec(tenant, mount, module);
         spec.module
             .current()
@@ -515,6 +487,47 @@ impl Control {
         let files = std::iter::once(self.config.path.as_path())
             .chain(self.mounts.values().map(|m| m.spec.config.module.as_path()));
         self.watcher.watch(files);
+    }
+}
+
+/// The control task carrying out a reload's steps, with the new config's
+/// mounts and modules.
+struct Applying<'a> {
+    control: &'a mut Control,
+    modules: HashMap<MountKey, (Tenant, Mount, Module)>,
+}
+
+impl Applying<'_> {
+    async fn start(&mut self, key: &MountKey, replacing: bool) -> Result<(), String> {
+        let (tenant, mount, module) = self
+            .modules
+            .remove(key)
+            .expect("a plan attaches only wanted mounts, once each");
+        self.control
+            .start_mount(&tenant, &mount, module, replacing)
+            .await
+    }
+}
+
+impl reload::Steps for Applying<'_> {
+    fn new_tenant_state(&mut self, tenant: &str) {
+        self.control.tenants.remove(tenant);
+    }
+
+    async fn attach(&mut self, key: &MountKey) -> Result<(), String> {
+        self.start(key, false).await
+    }
+
+    async fn replace(&mut self, key: &MountKey) -> Result<(), String> {
+        self.start(key, true).await
+    }
+
+    async fn detach(&mut self, keys: &[MountKey]) {
+        self.control.stop(keys).await;
+    }
+
+    fn forget_idle_tenants(&mut self) {
+        self.control.forget_idle_tenants();
     }
 }
 

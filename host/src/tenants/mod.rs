@@ -19,11 +19,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AdminServer, Health, Metrics};
-use crate::config::{Config, Mount};
+use crate::config::Config;
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
-use crate::sandbox::{
-    CallLimits, Instances, LoadError, LogTags, Module, PoolSize, Sandbox, TenantShare,
-};
+use crate::sandbox::{CallLimits, Instances, LoadError, LogTags, Module, Sandbox, TenantShare};
 use control::{Command, Control};
 
 /// Why the host could not start.
@@ -79,8 +77,9 @@ impl Host {
     /// once. Any that fails refuses the whole configuration, each error
     /// naming tenant, mount and file.
     pub async fn load(config: Config) -> Result<Host, HostError> {
-        let sandbox =
-            Sandbox::new(pool_size(&config)).map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        warn_if_pool_short(&config);
+        let sandbox = Sandbox::new(config.host.max_instances)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
         probe_modules(&sandbox, &config, &modules)
             .await
@@ -150,31 +149,19 @@ impl Host {
     }
 }
 
-/// The instance pool a config needs: every mount's `concurrency` (its kept
-/// instances come out of the same share), up to `max_instances`.
-fn pool_size(config: &Config) -> PoolSize {
+/// Says when the mounts' `concurrency` adds up to more than the host's
+/// instance pool: deliveries beyond it wait for an instance.
+fn warn_if_pool_short(config: &Config) {
     let wanted: u64 = config
         .mounts()
         .map(|(_, mount)| u64::from(mount.concurrency))
         .sum();
-    let instances = u32::try_from(wanted)
-        .unwrap_or(u32::MAX)
-        .clamp(1, config.host.max_instances);
-    if u64::from(instances) < wanted {
+    if wanted > u64::from(config.host.max_instances) {
         tracing::warn!(
             wanted,
             max_instances = config.host.max_instances,
             "the mounts' concurrency adds up to more than [host] max_instances; deliveries beyond it wait for a free instance"
         );
-    }
-    let max_memory = config
-        .mounts()
-        .map(|(_, mount)| mount.memory)
-        .max()
-        .unwrap_or(Mount::DEFAULT_MEMORY);
-    PoolSize {
-        instances,
-        max_memory,
     }
 }
 

@@ -1,9 +1,12 @@
-//! What a new config changes: a pure comparison of the mounts running and
-//! the mounts wanted.
+//! What a new config changes: a pure plan from the mounts running and the
+//! mounts wanted, carried out step by step through [`Steps`], so what a
+//! reload does when some of it fails is decided here, not in the control
+//! task.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{Broker, Config, Mount, TenantBudget};
+use crate::events::ConfigChange;
 
 /// `(tenant, mount)`.
 pub(crate) type MountKey = (String, String);
@@ -64,6 +67,106 @@ pub(crate) fn diff(
         changes.entry(key.clone()).or_insert(Change::Add);
     }
     changes
+}
+
+/// One step of a reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The tenant's budget or broker changed: its mounts attached from here
+    /// on get new ones (the old mounts keep theirs until they drain).
+    NewTenantState(String),
+    /// Attach a new mount.
+    Attach(MountKey),
+    /// Attach the changed mount, then drain the old one; if the new one
+    /// cannot attach, the old one keeps serving.
+    Replace(MountKey),
+    /// Drain and detach the mounts no longer wanted, together.
+    Detach(Vec<MountKey>),
+    /// Forget tenants left without mounts, and their budgets.
+    ForgetIdleTenants,
+}
+
+/// The steps from `running` to `wanted`, in order: budgets swapped before
+/// the mounts that use them attach, every new or changed mount attached
+/// before anything is drained, removed mounts drained last.
+pub(crate) fn plan(
+    running: &BTreeMap<MountKey, (Mount, Placement)>,
+    wanted: &BTreeMap<MountKey, (Mount, Placement)>,
+) -> Vec<Step> {
+    let changes = diff(running, wanted);
+    let moved: BTreeSet<&String> = running
+        .iter()
+        .filter_map(|((tenant, _), (_, old))| {
+            let new = wanted
+                .iter()
+                .find(|((t, _), _)| t == tenant)
+                .map(|(_, (_, placement))| placement)?;
+            (new != old).then_some(tenant)
+        })
+        .collect();
+    let mut steps: Vec<Step> = moved
+        .into_iter()
+        .map(|tenant| Step::NewTenantState(tenant.clone()))
+        .collect();
+    let mut detach = Vec::new();
+    for (key, change) in changes {
+        match change {
+            Change::Add => steps.push(Step::Attach(key)),
+            Change::Replace => steps.push(Step::Replace(key)),
+            Change::Remove => detach.push(key),
+            Change::Keep => {}
+        }
+    }
+    if !detach.is_empty() {
+        steps.push(Step::Detach(detach));
+    }
+    steps.push(Step::ForgetIdleTenants);
+    steps
+}
+
+/// What carries out a reload's steps.
+pub(crate) trait Steps {
+    /// Makes new state (budget, broker pool) for `tenant`.
+    fn new_tenant_state(&mut self, tenant: &str);
+    /// Attaches a new mount.
+    async fn attach(&mut self, key: &MountKey) -> Result<(), String>;
+    /// Attaches a changed mount in place of the old one; on an error the
+    /// old one still serves.
+    async fn replace(&mut self, key: &MountKey) -> Result<(), String>;
+    /// Drains and detaches mounts.
+    async fn detach(&mut self, keys: &[MountKey]);
+    /// Forgets tenants without mounts.
+    fn forget_idle_tenants(&mut self);
+}
+
+/// Carries out `plan`: a step that fails is reported and the rest go on,
+/// so one mount the broker refuses holds up no other.
+pub(crate) async fn carry_out(plan: Vec<Step>, steps: &mut impl Steps) -> ConfigChange {
+    let label = |(tenant, mount): &MountKey| format!("{tenant}/{mount}");
+    let mut change = ConfigChange::default();
+    let mut errors = Vec::new();
+    for step in plan {
+        match step {
+            Step::NewTenantState(tenant) => steps.new_tenant_state(&tenant),
+            Step::Attach(key) => match steps.attach(&key).await {
+                Ok(()) => change.added.push(label(&key)),
+                Err(error) => errors.push(format!("{}: {error}", label(&key))),
+            },
+            Step::Replace(key) => match steps.replace(&key).await {
+                Ok(()) => change.replaced.push(label(&key)),
+                Err(error) => errors.push(format!("{}: {error}", label(&key))),
+            },
+            Step::Detach(keys) => {
+                steps.detach(&keys).await;
+                change.removed.extend(keys.iter().map(label));
+            }
+            Step::ForgetIdleTenants => steps.forget_idle_tenants(),
+        }
+    }
+    if !errors.is_empty() {
+        change.error = Some(errors.join("\n"));
+    }
+    change
 }
 
 #[cfg(test)]
@@ -149,5 +252,115 @@ mod tests {
         let text = mounts(&[("a", "", &[("m", "q")])]);
         let changes = diff(&wanted(&config(&text)), &wanted(&config(&text)));
         assert!(changes.values().all(|c| *c == Change::Keep));
+    }
+
+    #[test]
+    fn a_plan_swaps_budgets_then_attaches_then_drains() {
+        let old = config(&mounts(&[
+            ("a", "", &[("keep", "k"), ("change", "c1"), ("gone", "g")]),
+            ("b", "", &[("m", "b1")]),
+        ]));
+        let new = config(&mounts(&[
+            ("a", "", &[("keep", "k"), ("change", "c2"), ("new", "n")]),
+            ("b", "max_running = 2", &[("m", "b1")]),
+        ]));
+        assert_eq!(
+            plan(&wanted(&old), &wanted(&new)),
+            [
+                Step::NewTenantState("b".to_owned()),
+                Step::Replace(key("a", "change")),
+                Step::Attach(key("a", "new")),
+                Step::Replace(key("b", "m")),
+                Step::Detach(vec![key("a", "gone")]),
+                Step::ForgetIdleTenants,
+            ]
+        );
+    }
+
+    /// Carries steps out on paper: which mounts run, what was done, and
+    /// which mounts the broker refuses.
+    #[derive(Default)]
+    struct OnPaper {
+        running: BTreeSet<MountKey>,
+        done: Vec<String>,
+        refused: BTreeSet<MountKey>,
+    }
+
+    impl Steps for OnPaper {
+        fn new_tenant_state(&mut self, tenant: &str) {
+            self.done.push(format!("new state {tenant}"));
+        }
+
+        async fn attach(&mut self, key: &MountKey) -> Result<(), String> {
+            self.done.push(format!("attach {}/{}", key.0, key.1));
+            if self.refused.contains(key) {
+                return Err("the broker refused the link".to_owned());
+            }
+            self.running.insert(key.clone());
+            Ok(())
+        }
+
+        async fn replace(&mut self, key: &MountKey) -> Result<(), String> {
+            self.done.push(format!("replace {}/{}", key.0, key.1));
+            if self.refused.contains(key) {
+                return Err("the broker refused the link; the old mount keeps serving".to_owned());
+            }
+            Ok(())
+        }
+
+        async fn detach(&mut self, keys: &[MountKey]) {
+            for key in keys {
+                self.done.push(format!("detach {}/{}", key.0, key.1));
+                self.running.remove(key);
+            }
+        }
+
+        fn forget_idle_tenants(&mut self) {
+            self.done.push("forget idle tenants".to_owned());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reload_that_half_fails_carries_out_the_rest_and_names_what_failed() {
+        let old = config(&mounts(&[(
+            "a",
+            "",
+            &[("keep", "k"), ("change", "c1"), ("gone", "g")],
+        )]));
+        let new = config(&mounts(&[
+            ("a", "", &[("keep", "k"), ("change", "c2"), ("new", "n")]),
+            ("c", "", &[("m", "c")]),
+        ]));
+        let mut paper = OnPaper {
+            running: wanted(&old).into_keys().collect(),
+            refused: [key("a", "change"), key("c", "m")].into(),
+            ..OnPaper::default()
+        };
+        let change = carry_out(plan(&wanted(&old), &wanted(&new)), &mut paper).await;
+        assert_eq!(
+            paper.done,
+            [
+                "replace a/change",
+                "attach a/new",
+                "attach c/m",
+                "detach a/gone",
+                "forget idle tenants",
+            ]
+        );
+        assert_eq!(change.added, ["a/new"]);
+        assert!(change.replaced.is_empty());
+        assert_eq!(change.removed, ["a/gone"]);
+        let error = change.error.expect("the failures are reported");
+        assert!(
+            error.contains("a/change: the broker refused the link; the old mount keeps serving"),
+            "{error}"
+        );
+        assert!(error.contains("c/m: the broker refused"), "{error}");
+        // The refused replacement left the old mount serving; the refused
+        // new mount never ran.
+        assert_eq!(
+            paper.running,
+            [key("a", "change"), key("a", "keep"), key("a", "new")].into()
+        );
     }
 }

@@ -1,0 +1,109 @@
+//! A tenant's service beside each hostile handler of the test fixtures on
+//! one `wharf` process: its throughput draining a backlog and its latency
+//! at a steady rate, against the same tenant alone in the same run.
+//!
+//! `cargo bench -p wharf-tests --bench hostile [-- WORD...]` (brokers
+//! running, guests built: `scripts/test` does both); words pick the loads
+//! whose name has one.
+
+use std::time::Duration;
+
+use wharf_tests::neighbour::{HostileLoad, NeighbourFigures, neighbour_beside};
+
+fn load(name: &'static str, script: &str, mount: &[&str], tenant: &[&str]) -> HostileLoad {
+    HostileLoad {
+        name,
+        script: script.to_owned(),
+        mount: mount.iter().map(|line| (*line).to_owned()).collect(),
+        tenant: tenant.iter().map(|line| (*line).to_owned()).collect(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Accepts connections and holds them open without answering.
+async fn silent_server() -> anyhow::Result<u16> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    Ok(port)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let silent = silent_server().await?;
+    let silent_grant = format!("http = [\"http://127.0.0.1:{silent}\"]");
+    let loads = [
+        load(
+            "short busy handlers (1 ms each, 16 at once)",
+            "*:busy=1",
+            &["concurrency = 16", "[tenant.mount.grants]", "clocks = true"],
+            &[],
+        ),
+        load(
+            "header maps in a loop",
+            "*:fields",
+            &[
+                "concurrency = 8",
+                "[tenant.mount.grants]",
+                "http = [\"http://127.0.0.1:9\"]",
+            ],
+            &[],
+        ),
+        load(
+            "logging 256 KiB at error",
+            "*:shout=262144",
+            &["concurrency = 8"],
+            &[],
+        ),
+        load(
+            "opening connections without waiting",
+            &format!("*:open=40=127.0.0.1:{silent}"),
+            &[
+                "concurrency = 8",
+                "timeout = \"1s\"",
+                "[tenant.mount.grants]",
+                &silent_grant,
+            ],
+            &[],
+        ),
+    ];
+    println!(
+        "| hostile tenant | neighbour deliveries/s | ratio | p50 ms | p99 ms | p99 ratio | hostile deliveries taken |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let row = |name: &str, figures: &NeighbourFigures, alone: &NeighbourFigures| {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.1} | {:.1} | {:.2} | {} |",
+            figures.throughput,
+            figures.throughput / alone.throughput,
+            ms(figures.p50),
+            ms(figures.p99),
+            ms(figures.p99) / ms(alone.p99),
+            figures.hostile_taken,
+        );
+    };
+    // `cargo bench ... -- busy` runs only the loads whose name has `busy`.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    for load in loads
+        .iter()
+        .filter(|l| only.is_empty() || only.iter().any(|o| l.name.contains(o.as_str())))
+    {
+        // The baseline beside each, so drift in the machine's load hits both.
+        let alone = neighbour_beside(None).await?;
+        let beside = neighbour_beside(Some(load)).await?;
+        row("none", &alone, &alone);
+        row(load.name, &beside, &alone);
+    }
+    Ok(())
+}
