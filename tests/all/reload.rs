@@ -376,18 +376,36 @@ async fn a_reload_from_one_mount_to_fifty_tenants_with_more_memory_serves_every_
     const TENANTS: usize = 50;
     let url = artemis_url();
     let files = Workspace::new()?;
-    // A pool of 8 instances, first sized for one mount of 16 MiB.
+    // A pool of 8 instances, first filled by one mount of 16 MiB.
     let host_lines = "max_instances = 8";
     let first = unique("grow-first");
     let small = TenantToml::new(
         "first",
-        vec![MountToml::new("m", "fixture_script", &first).with("memory = \"16MiB\"")],
+        vec![
+            MountToml::new("m", "fixture_script", &first)
+                .with("memory = \"16MiB\"")
+                .with("concurrency = 8")
+                .with("instance = \"reuse\"")
+                .with("instance_max_idle = \"10m\"")
+                .with("[tenant.mount.grants]")
+                .with("clocks = true"),
+        ],
     );
     files.replace(
         "wharf.toml",
         tenants_text(&url, host_lines, &[small]).as_bytes(),
     )?;
     let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    // Eight kept instances of the first mount fill the pool.
+    let mut client = Client::connect(&url).await?;
+    let ids: Vec<String> = (0..8).map(|n| format!("{first}.{n}")).collect();
+    client.publish_scripted(&first, &ids, "*:busy=300").await?;
+    for id in &ids {
+        assert_eq!(
+            host.handled(id).await?.disposition,
+            Some(Disposition::Accepted)
+        );
+    }
     let queues: Vec<String> = (0..TENANTS).map(|_| unique("grow")).collect();
     let tenants: Vec<TenantToml> = queues
         .iter()
@@ -406,7 +424,6 @@ async fn a_reload_from_one_mount_to_fifty_tenants_with_more_memory_serves_every_
     let change = config_reloaded(&mut host).await?;
     assert_eq!(change.added.len(), TENANTS, "{change:?}");
     assert_eq!(change.removed, ["first/m"]);
-    let mut client = Client::connect(&url).await?;
     // Each handler grows its memory past the 16 MiB of the first config.
     for queue in &queues {
         client
@@ -416,19 +433,12 @@ async fn a_reload_from_one_mount_to_fifty_tenants_with_more_memory_serves_every_
             )
             .await?;
     }
-    let mut waiting: std::collections::HashSet<&String> = queues.iter().collect();
-    while !waiting.is_empty() {
-        let (id, disposition) = host
-            .next(|e| match e {
-                Event::Handled(h) => Some((h.message_id.clone(), h.disposition)),
-                _ => None,
-            })
-            .await?;
-        if let Some(id) = id
-            && waiting.remove(&id)
-        {
-            assert_eq!(disposition, Some(Disposition::Accepted), "{id}");
-        }
+    for queue in &queues {
+        assert_eq!(
+            host.handled(queue).await?.disposition,
+            Some(Disposition::Accepted),
+            "{queue}"
+        );
     }
     host.stop().await?;
     client.close().await;
