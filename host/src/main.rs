@@ -81,6 +81,19 @@ enum Command {
         #[arg(required = true)]
         bodies: Vec<String>,
     },
+    /// End a topic mount's durable subscription on the broker (its waiting
+    /// messages go with it). Removing the mount from the config and
+    /// reloading does the same; stopping wharf never does.
+    Unsubscribe {
+        #[arg(long, short, default_value = "wharf.toml")]
+        config: PathBuf,
+        /// The mount's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The topic mount.
+        #[arg(long)]
+        mount: String,
+    },
     /// Send one request with a `reply-to` and print the reply (to try a
     /// handler that replies).
     Request {
@@ -215,6 +228,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Unsubscribe {
+            config,
+            tenant,
+            mount,
+        } => unsubscribe(&Config::load(&config)?, &tenant, &mount).await,
         Command::Send {
             broker,
             address,
@@ -335,6 +353,45 @@ async fn run(command: Command) -> anyhow::Result<()> {
 
 /// How `wharf send` or `wharf request` (`command`) reaches the broker of
 /// [`send_broker`], to be completed with what to send.
+/// `wharf unsubscribe`: ends the durable subscription of one topic mount.
+async fn unsubscribe(config: &Config, tenant: &str, mount: &str) -> anyhow::Result<()> {
+    let (owner, found) = config
+        .mounts()
+        .find(|(t, m)| t.name == tenant && m.name == mount)
+        .with_context(|| {
+            format!(
+                "{}: no mount `{mount}` in tenant `{tenant}`",
+                config.path.display()
+            )
+        })?;
+    let subscription = found.subscription.as_ref().with_context(|| {
+        format!("tenant `{tenant}`, mount `{mount}` is not a topic mount (`node = \"topic\"`): it has no subscription")
+    })?;
+    anyhow::ensure!(
+        subscription.kind != wharf::config::SubscriptionKind::Volatile,
+        "tenant `{tenant}`, mount `{mount}` has a volatile subscription: it ends with its link, there is nothing to end"
+    );
+    let broker = owner.broker.as_ref().unwrap_or(&config.broker);
+    let url = broker.urls.first().context("the broker names no URL")?;
+    let mut connect = ConnectOptions::of(broker);
+    connect.container_id = format!("wharf-unsubscribe-{}", std::process::id());
+    wharf::broker::end_subscription(
+        &Endpoint::parse(url).map_err(anyhow::Error::msg)?,
+        &connect,
+        &found.address,
+        &subscription.name,
+        subscription.kind,
+        Duration::from_secs(30),
+    )
+    .await
+    .with_context(|| format!("cannot end subscription `{}`", subscription.name))?;
+    println!(
+        "ended subscription `{}` of {tenant}/{mount} on `{}` (the broker deletes it once no other link consumes from it)",
+        subscription.name, found.address
+    );
+    Ok(())
+}
+
 fn send_options(choice: BrokerChoice, command: &str) -> anyhow::Result<SendOptions> {
     let broker = send_broker(choice)?;
     let url = broker.urls.first().context("the broker names no URL")?;
@@ -436,8 +493,16 @@ fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String
         let to: Vec<&str> = grants.http.allowed.iter().map(|p| p.as_str()).collect();
         format!("; HTTP to {} (not part of the settlement)", to.join(", "))
     };
+    let topic = match &mount.subscription {
+        Some(subscription) => format!(
+            " (topic: {} subscription `{}`)",
+            subscription.kind.as_str(),
+            subscription.name
+        ),
+        None => String::new(),
+    };
     format!(
-        "{}/{}: {} on `{}`; retry: {retry}; retry-after: {delay}{outputs}{http}",
+        "{}/{}: {} on `{}`{topic}; retry: {retry}; retry-after: {delay}{outputs}{http}",
         tenant.name, mount.name, mount.settle, mount.address
     )
 }

@@ -19,5 +19,6 @@ mod security;
 mod shutdown;
 mod tenants;
 mod tls;
+mod topics;
 
 pub(crate) use wharf_tests::*;

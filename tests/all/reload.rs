@@ -15,21 +15,21 @@ use crate::{
 };
 
 /// A folder of its own for one test's config and module files.
-struct Workspace(PathBuf);
+pub(crate) struct Workspace(PathBuf);
 
 impl Workspace {
-    fn new() -> anyhow::Result<Workspace> {
+    pub(crate) fn new() -> anyhow::Result<Workspace> {
         let dir = std::env::temp_dir().join(unique("wharf-reload"));
         std::fs::create_dir_all(&dir)?;
         Ok(Workspace(dir))
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
 
     /// Replaces `name` whole, as deploy tools do: write aside, then rename.
-    fn replace(&self, name: &str, contents: &[u8]) -> anyhow::Result<()> {
+    pub(crate) fn replace(&self, name: &str, contents: &[u8]) -> anyhow::Result<()> {
         let aside = self.path(&format!(".{name}.{}", unique("new")));
         std::fs::write(&aside, contents)?;
         std::fs::rename(&aside, self.path(name))?;
@@ -193,7 +193,7 @@ fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 }
 
 /// The next config reload, which must have succeeded.
-async fn config_reloaded(host: &mut TestHost) -> anyhow::Result<ConfigChange> {
+pub(crate) async fn config_reloaded(host: &mut TestHost) -> anyhow::Result<ConfigChange> {
     let change = config_change(host).await?;
     anyhow::ensure!(change.error.is_none(), "{change:?}");
     Ok(change)

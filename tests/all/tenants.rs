@@ -153,8 +153,8 @@ async fn an_idle_mount_holds_none_of_its_tenants_budget() -> anyhow::Result<()> 
 }
 
 #[tokio::test]
-async fn kept_instances_give_their_tenants_memory_to_a_delivery_that_needs_it()
--> anyhow::Result<()> {
+async fn kept_instances_give_their_tenants_memory_to_a_delivery_that_needs_it() -> anyhow::Result<()>
+{
     let kept = unique("kept");
     let other = unique("other");
     // Two kept instances of `kept` fill the tenant's budget, and would be
@@ -180,7 +180,9 @@ async fn kept_instances_give_their_tenants_memory_to_a_delivery_that_needs_it()
             Some(Disposition::Accepted)
         );
     }
-    client.publish(&other, TestMessage::new(&other, "x")).await?;
+    client
+        .publish(&other, TestMessage::new(&other, "x"))
+        .await?;
     assert_eq!(
         host.handled(&other).await?.disposition,
         Some(Disposition::Accepted),
@@ -437,8 +439,8 @@ async fn a_tenant_keeps_its_throughput_beside_a_tenant_whose_handlers_spin() -> 
 }
 
 #[tokio::test]
-async fn a_tenant_keeps_its_share_beside_a_tenant_running_many_short_handlers()
--> anyhow::Result<()> {
+async fn a_tenant_keeps_its_share_beside_a_tenant_running_many_short_handlers() -> anyhow::Result<()>
+{
     use wharf_tests::neighbour::{HostileLoad, neighbour_beside};
     let busy = HostileLoad {
         name: "short busy handlers",

@@ -132,6 +132,57 @@ impl Node {
     }
 }
 
+/// The subscription a `node = "topic"` mount consumes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSubscription {
+    /// Whether it outlives the mount's links, and who shares it.
+    pub kind: SubscriptionKind,
+    /// Its name: the same in every replica and across restarts.
+    pub name: String,
+    /// Where `retry-after` copies go.
+    pub retry_copies_to: RetryCopiesTo,
+}
+
+/// How long a topic subscription lives and who consumes from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SubscriptionKind {
+    /// Kept while no replica runs (messages wait for it), consumed by every
+    /// replica of the mount as competing consumers.
+    #[default]
+    DurableShared,
+    /// Kept while no replica runs, consumed by one link at a time: a second
+    /// replica's attach is refused (and retried) while the first consumes.
+    Durable,
+    /// Made for each link and gone with it: messages published while the
+    /// mount is detached are not kept, and each replica gets every message.
+    Volatile,
+}
+
+impl SubscriptionKind {
+    /// The name the config uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubscriptionKind::DurableShared => "durable-shared",
+            SubscriptionKind::Durable => "durable",
+            SubscriptionKind::Volatile => "volatile",
+        }
+    }
+}
+
+/// Where a topic mount's `retry-after` copies go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryCopiesTo {
+    /// The mount's address: every subscription of the topic receives the
+    /// copy, as the settlement contract says.
+    #[default]
+    Address,
+    /// Only this subscription's queue, addressed as `address::queue`
+    /// (Artemis).
+    Subscription,
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -373,6 +424,8 @@ pub struct Mount {
     /// Whether to ask the broker for a queue or a topic at `address`; `None`
     /// leaves it to the broker (and to how the address was created).
     pub node: Option<Node>,
+    /// With `node = "topic"`, the subscription consumed from.
+    pub subscription: Option<TopicSubscription>,
     /// How deliveries are settled.
     pub settle: Settle,
     /// The attempt at which a failing message stops being retried.
@@ -620,6 +673,9 @@ struct RawMount {
     module: Spanned<PathBuf>,
     address: Spanned<String>,
     node: Option<Node>,
+    subscription: Option<Spanned<SubscriptionKind>>,
+    subscription_name: Option<Spanned<String>>,
+    retry_copies_to: Option<Spanned<RetryCopiesTo>>,
     #[serde(default)]
     settle: Settle,
     max_attempts: Option<Spanned<u32>>,
@@ -702,6 +758,7 @@ impl Config {
         // Which tenant uses each address, per broker: an address belongs to
         // one tenant, so no tenant can feed or drain another's.
         let mut owners: HashMap<(String, String), String> = HashMap::new();
+        let mut subscriptions: HashMap<(String, String), String> = HashMap::new();
         let mut sends = Vec::new();
         for tenant in raw.tenants {
             checker.name("tenant", &tenant.name)?;
@@ -795,7 +852,26 @@ impl Config {
                         patterns: send.get_ref().clone(),
                     });
                 }
-                mounts.push(checker.mount(&here, base, mount)?);
+                let subscription_span = mount
+                    .subscription_name
+                    .as_ref()
+                    .map_or(mount.name.span(), Spanned::span);
+                let mount = checker.mount(&here, &tenant_name, base, mount)?;
+                // Subscription queues are named across the whole broker: two
+                // mounts sharing a name would share (or destroy) its messages.
+                if let Some(subscription) = &mount.subscription {
+                    let key = (broker_url.clone(), subscription.name.clone());
+                    if let Some(first) = subscriptions.insert(key, here.clone()) {
+                        return Err(checker.invalid(
+                            &Spanned::new(subscription_span, ()),
+                            format!(
+                                "{here}: subscription `{}` is already the subscription of {first}; give each topic mount a `subscription_name` of its own",
+                                subscription.name
+                            ),
+                        ));
+                    }
+                }
+                mounts.push(mount);
             }
             tenants.push(Tenant {
                 broker: tenant_broker,
@@ -1027,7 +1103,75 @@ impl Checker<'_> {
         }
     }
 
-    fn mount(&self, here: &str, base: &Path, raw: RawMount) -> Result<Mount, ConfigError> {
+    /// A topic mount's subscription: durable and shared unless it says
+    /// otherwise, named after tenant and mount unless it names one.
+    fn topic_subscription(
+        &self,
+        here: &str,
+        tenant: &str,
+        raw: &RawMount,
+    ) -> Result<Option<TopicSubscription>, ConfigError> {
+        if raw.node != Some(Node::Topic) {
+            let key = raw
+                .subscription
+                .as_ref()
+                .map(|v| (v.span(), "subscription"))
+                .or(raw
+                    .subscription_name
+                    .as_ref()
+                    .map(|v| (v.span(), "subscription_name")))
+                .or(raw
+                    .retry_copies_to
+                    .as_ref()
+                    .map(|v| (v.span(), "retry_copies_to")));
+            return match key {
+                Some((span, key)) => Err(self.invalid(
+                    &Spanned::new(span, ()),
+                    format!("{here}: `{key}` only applies with `node = \"topic\"`"),
+                )),
+                None => Ok(None),
+            };
+        }
+        let kind = raw
+            .subscription
+            .as_ref()
+            .map_or(SubscriptionKind::default(), |k| *k.get_ref());
+        let name = match &raw.subscription_name {
+            Some(name) => {
+                self.name(&format!("{here}: subscription"), name)?;
+                name.get_ref().clone()
+            }
+            None => format!("wharf.{tenant}.{}", raw.name.get_ref()),
+        };
+        let retry_copies_to = raw
+            .retry_copies_to
+            .as_ref()
+            .map_or(RetryCopiesTo::default(), |to| *to.get_ref());
+        if let Some(to) = &raw.retry_copies_to
+            && *to.get_ref() == RetryCopiesTo::Subscription
+            && kind == SubscriptionKind::Volatile
+        {
+            return Err(self.invalid(
+                to,
+                format!(
+                    "{here}: `retry_copies_to = \"subscription\"` needs a durable subscription: a volatile one has no name to address"
+                ),
+            ));
+        }
+        Ok(Some(TopicSubscription {
+            kind,
+            name,
+            retry_copies_to,
+        }))
+    }
+
+    fn mount(
+        &self,
+        here: &str,
+        tenant: &str,
+        base: &Path,
+        raw: RawMount,
+    ) -> Result<Mount, ConfigError> {
         let module = base.join(raw.module.get_ref());
         if !module.is_file() {
             return Err(self.invalid(
@@ -1081,6 +1225,7 @@ impl Checker<'_> {
             ));
         }
         let instance = self.instance_policy(here, &raw)?;
+        let subscription = self.topic_subscription(here, tenant, &raw)?;
         self.positive(here, "max_outputs", &raw.max_outputs)?;
         self.positive(here, "max_output_bytes", &raw.max_output_bytes)?;
         let outputs = OutputLimits {
@@ -1097,6 +1242,7 @@ impl Checker<'_> {
             module,
             address: raw.address.into_inner(),
             node: raw.node,
+            subscription,
             settle: raw.settle,
             max_attempts: raw.max_attempts.map(Spanned::into_inner),
             dead_letter: raw.dead_letter.map(Spanned::into_inner),

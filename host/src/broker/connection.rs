@@ -105,6 +105,13 @@ impl BrokerOffers {
             .is_some_and(|product| product.contains("artemis"))
     }
 
+    /// Whether the broker is RabbitMQ.
+    pub fn is_rabbitmq(&self) -> bool {
+        self.product
+            .as_deref()
+            .is_some_and(|product| product.eq_ignore_ascii_case("rabbitmq"))
+    }
+
     fn of(handle: &ConnectionHandle<()>) -> BrokerOffers {
         let property = |key: &str| {
             let properties = handle.remote_properties()?;

@@ -131,6 +131,9 @@ pub enum AttachFailure {
     /// No answer in time.
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
+    /// The broker cannot give the link what the mount asks for.
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 /// Why a publish was not accepted, told apart by what the broker may hold

@@ -23,7 +23,7 @@ pub use outputs::{OutputsOn, SenderTarget};
 pub use pool::{BrokerPool, PoolStatus, PooledSession};
 pub use publisher::{Offered, Publisher, PublisherTask};
 pub use send::{Reply, SendOptions, request, send};
-pub use subscription::{Inbound, Received, ReceiverOptions, Subscription};
+pub use subscription::{Inbound, Received, ReceiverOptions, Subscription, end_subscription};
 pub use transaction::{Output, Transactions, TransactionsOn};
 pub use wharf_core::endpoint::{Endpoint, redact};
 pub use wharf_core::message;

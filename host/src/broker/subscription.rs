@@ -5,13 +5,15 @@ use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::{ErrorRecovery, RecvError};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::{self, AmqpError, SenderSettleMode};
-use fe2o3_amqp::types::messaging::{Body, Modified, Source};
+use fe2o3_amqp::types::messaging::{
+    Body, Modified, Source, TerminusDurability, TerminusExpiryPolicy,
+};
 use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Delivery, Receiver};
 
 use super::error::{AttachFailure, BrokerError};
 use super::message::AmqpMessage;
-use crate::config::Settle;
+use crate::config::{Settle, SubscriptionKind};
 use crate::settlement::Disposition;
 
 const MODIFIED_OUTCOME: &str = "amqp:modified:list";
@@ -63,6 +65,9 @@ pub struct ReceiverOptions<'a> {
     pub address: &'a str,
     /// The terminus capability naming the kind of node, if any.
     pub capability: Option<&'static str>,
+    /// On a topic, the kind of subscription; the link's name is the
+    /// subscription's.
+    pub subscription: Option<SubscriptionKind>,
     /// How deliveries are settled.
     pub settle: Settle,
     /// Link credit.
@@ -78,6 +83,8 @@ pub struct ReceiverOptions<'a> {
 pub struct Subscription {
     receiver: Receiver,
     address: String,
+    /// A durable subscription outlives the link unless it is ended.
+    durable: bool,
     modified_supported: bool,
     keep_payloads: bool,
     /// At most once, the credit to renew: fe2o3 renews it as deliveries
@@ -95,8 +102,26 @@ impl Subscription {
         options: ReceiverOptions<'_>,
     ) -> Result<Subscription, BrokerError> {
         let mut source = Source::builder().address(options.address);
-        if let Some(capability) = options.capability {
-            source = source.capabilities(vec![Symbol::from(capability)]);
+        let mut capabilities: Vec<Symbol> =
+            options.capability.map(Symbol::from).into_iter().collect();
+        let durable = matches!(
+            options.subscription,
+            Some(SubscriptionKind::Durable | SubscriptionKind::DurableShared)
+        );
+        if durable {
+            // The JMS mapping's durable subscription: kept while detached,
+            // named by the link, the same for every container (`global`),
+            // and with `shared` consumed by every replica's link at once.
+            source = source
+                .durable(TerminusDurability::UnsettledState)
+                .expiry_policy(TerminusExpiryPolicy::Never);
+            if options.subscription == Some(SubscriptionKind::DurableShared) {
+                capabilities.push(Symbol::from("shared"));
+            }
+            capabilities.push(Symbol::from("global"));
+        }
+        if !capabilities.is_empty() {
+            source = source.capabilities(capabilities);
         }
         let mut builder = Receiver::builder()
             .name(options.link_name)
@@ -125,6 +150,7 @@ impl Subscription {
         Ok(Subscription {
             receiver,
             address: options.address.to_owned(),
+            durable,
             modified_supported,
             keep_payloads: options.keep_payloads,
             presettled_credit: (options.settle == Settle::AtMostOnce).then_some(options.credit),
@@ -259,11 +285,65 @@ impl Subscription {
     /// Detaches the link (the broker requeues whatever is still
     /// unsettled), waiting at most `timeout` for the broker's answer: some
     /// answer a closing detach without `closed=true`, a blocked one not at
-    /// all.
-    pub async fn close(self, timeout: std::time::Duration) {
-        let detach = tokio::time::timeout(timeout, self.receiver.close()).await;
-        if !matches!(detach, Ok(Ok(()))) {
+    /// all. A durable subscription is left for the next link unless `end`
+    /// says to end it.
+    pub async fn close(self, timeout: std::time::Duration, end: bool) {
+        let detached = if self.durable && !end {
+            tokio::time::timeout(timeout, self.receiver.detach())
+                .await
+                .map(|detached| detached.map(drop).map_err(drop))
+        } else {
+            tokio::time::timeout(timeout, self.receiver.close())
+                .await
+                .map(|closed| closed.map_err(drop))
+        };
+        if !matches!(detached, Ok(Ok(()))) {
             tracing::debug!(address = self.address, "receiver did not detach cleanly");
         }
     }
+}
+
+/// Ends the durable topic subscription `name` on `address`: attaches to it
+/// as its mounts do and detaches with `closed = true`, which has the broker
+/// delete it once no other link consumes from it. Messages it held are
+/// gone with it.
+pub async fn end_subscription(
+    endpoint: &super::Endpoint,
+    connect: &super::ConnectOptions,
+    address: &str,
+    name: &str,
+    kind: SubscriptionKind,
+    timeout: std::time::Duration,
+) -> Result<(), BrokerError> {
+    let mut connection = super::BrokerConnection::open(endpoint, connect).await?;
+    let mut session = connection.begin_session().await?;
+    let link_name = match kind {
+        SubscriptionKind::DurableShared => format!("{name}|unsubscribe"),
+        SubscriptionKind::Durable | SubscriptionKind::Volatile => name.to_owned(),
+    };
+    let options = ReceiverOptions {
+        link_name: &link_name,
+        address,
+        capability: Some("topic"),
+        subscription: Some(kind),
+        settle: Settle::AtLeastOnce,
+        credit: 1,
+        max_message_size: 0,
+        keep_payloads: false,
+    };
+    let attached = tokio::time::timeout(timeout, Subscription::attach(&mut session, options))
+        .await
+        .map_err(|_| BrokerError::Attach {
+            address: address.to_owned(),
+            role: "receiver",
+            source: AttachFailure::TimedOut(timeout),
+        });
+    if let Ok(Ok(subscription)) = attached {
+        subscription.close(timeout, true).await;
+        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
+        connection.close(super::CLOSE_TIMEOUT).await;
+        return Ok(());
+    }
+    connection.close(super::CLOSE_TIMEOUT).await;
+    attached?.map(drop)
 }

@@ -54,6 +54,9 @@ impl CpuLane {
                 holding: AtomicUsize::new(0),
                 asked: AtomicU64::new(0),
                 active: AtomicBool::new(false),
+                window_used: AtomicU64::new(0),
+                last_window_used: AtomicU64::new(0),
+                window_start: AtomicU64::new(0),
             }),
         }
     }
@@ -125,7 +128,48 @@ struct Lane {
     asked: AtomicU64,
     /// Whether it is in the active list.
     active: AtomicBool,
+    /// CPU time used in the current and the previous [`ACTIVE_FOR`]
+    /// window, in nanoseconds, and when the current one started (in
+    /// microseconds since [`EPOCH`]).
+    window_used: AtomicU64,
+    last_window_used: AtomicU64,
+    window_start: AtomicU64,
 }
+
+impl Lane {
+    /// Whether it used more than [`HEAVY_SHARE`] of a core lately: only
+    /// such a tenant is held to its share of the turns, so one whose
+    /// handlers are light keeps running them side by side.
+    fn heavy(&self) -> bool {
+        let window = ACTIVE_FOR.as_nanos() as u64;
+        let used = self
+            .window_used
+            .load(Ordering::Relaxed)
+            .max(self.last_window_used.load(Ordering::Relaxed));
+        used as f64 > window as f64 * HEAVY_SHARE
+    }
+
+    fn charge(&self, ran: u64, now: u64) {
+        self.used.fetch_add(ran, Ordering::Relaxed);
+        let window = ACTIVE_FOR.as_micros() as u64;
+        let start = self.window_start.load(Ordering::Relaxed);
+        if now.saturating_sub(start) >= window {
+            let last = if now.saturating_sub(start) >= 2 * window {
+                0
+            } else {
+                self.window_used.load(Ordering::Relaxed)
+            };
+            self.last_window_used.store(last, Ordering::Relaxed);
+            self.window_used.store(0, Ordering::Relaxed);
+            self.window_start.store(now, Ordering::Relaxed);
+        }
+        self.window_used.fetch_add(ran, Ordering::Relaxed);
+    }
+}
+
+/// The share of one core a tenant's handlers may use before the tenant is
+/// held to its share of the turns.
+const HEAVY_SHARE: f64 = 0.25;
 
 /// How recently a tenant must have asked for a turn to count as active:
 /// the cores are shared among the active tenants.
@@ -178,11 +222,16 @@ enum TicketState {
 }
 
 impl TurnState {
-    /// The most turns one tenant may hold: an equal share of the cores
-    /// among the active tenants, so one tenant's handlers, however short,
-    /// leave cores to the others' handlers and to the host's own work.
-    fn cap(&self) -> usize {
-        self.cores.div_ceil(self.active.len().max(1))
+    /// The most turns `lane` may hold: for a tenant whose handlers use
+    /// much CPU, an equal share of the cores among the active tenants, so
+    /// its handlers, however short, leave cores to the others' handlers and
+    /// to the host's own work.
+    fn cap(&self, lane: &Lane) -> usize {
+        if lane.heavy() {
+            self.cores.div_ceil(self.active.len().max(1))
+        } else {
+            self.cores
+        }
     }
 
     /// Forgets tenants that have not asked for a turn lately.
@@ -214,10 +263,12 @@ impl TurnState {
     /// has used least first; returns the wakers of the calls granted.
     fn dispatch(&mut self) -> Vec<Waker> {
         let mut wakers = Vec::new();
-        let cap = self.cap();
         while self.free > 0 {
             let Some(next) = (0..self.waiting.len())
-                .filter(|&i| self.waiting[i].0.holding.load(Ordering::Relaxed) < cap)
+                .filter(|&i| {
+                    let lane = &self.waiting[i].0;
+                    lane.holding.load(Ordering::Relaxed) < self.cap(lane)
+                })
                 .min_by_key(|&i| self.waiting[i].0.used.load(Ordering::Relaxed))
             else {
                 break;
@@ -266,7 +317,7 @@ impl Turns {
         let mut state = lock(&self.state);
         state.sweep(now);
         state.note_asked(lane, now);
-        let result = if state.free > 0 && lane.holding.load(Ordering::Relaxed) < state.cap() {
+        let result = if state.free > 0 && lane.holding.load(Ordering::Relaxed) < state.cap(lane) {
             state.hand_out(lane);
             state.clock = state.clock.max(lane.used.load(Ordering::Relaxed));
             Ok(())
@@ -291,10 +342,10 @@ impl Turns {
     }
 
     /// Gives a turn back after `ran`.
-    fn give_back(&self, lane: &Lane, ran: Duration) {
+    fn give_back(&self, lane: &Lane, ran: Duration, now: Instant) {
         let ran = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
         let mut state = lock(&self.state);
-        lane.used.fetch_add(ran, Ordering::Relaxed);
+        lane.charge(ran, micros(now));
         lane.holding.fetch_sub(1, Ordering::Relaxed);
         state.free += 1;
         let wakers = state.dispatch();
@@ -341,7 +392,8 @@ impl<F: Future> Future for OnCpu<F> {
         }
         let started = Instant::now();
         let polled = this.call.as_mut().poll(cx);
-        TURNS.give_back(&this.lane, started.elapsed());
+        let now = Instant::now();
+        TURNS.give_back(&this.lane, now - started, now);
         polled
     }
 }
@@ -352,7 +404,7 @@ impl<F> Drop for OnCpu<F> {
             let mut state = lock(&ticket.state);
             if matches!(*state, TicketState::Granted) {
                 drop(state);
-                TURNS.give_back(&self.lane, Duration::ZERO);
+                TURNS.give_back(&self.lane, Duration::ZERO, Instant::now());
             } else {
                 *state = TicketState::Gone;
             }
@@ -399,7 +451,7 @@ mod tests {
         let third = turns
             .take(&a, at(0))
             .expect_err("a third turn on two cores");
-        turns.give_back(&a, MS);
+        turns.give_back(&a, MS, at(0));
         assert!(granted(&third));
     }
 
@@ -412,10 +464,10 @@ mod tests {
             .map(|_| turns.take(&busy, at(0)).expect_err("no free turn"))
             .collect();
         let quiet_next = turns.take(&quiet, at(0)).expect_err("no free turn");
-        turns.give_back(&busy, MS);
+        turns.give_back(&busy, MS, at(0));
         assert!(granted(&quiet_next), "the busy tenant went first again");
         assert!(!busy_next.iter().any(|t| granted(t)));
-        turns.give_back(&quiet, MS / 10);
+        turns.give_back(&quiet, MS / 10, at(0));
         assert!(granted(&busy_next[0]));
     }
 
@@ -426,14 +478,14 @@ mod tests {
         // A runs alone for a second.
         for _ in 0..10 {
             turns.take(&a, at(0)).expect("a free turn");
-            turns.give_back(&a, 100 * MS);
+            turns.give_back(&a, 100 * MS, at(0));
         }
         turns.take(&a, at(0)).expect("a free turn");
         let a_next = turns.take(&a, at(0)).expect_err("no free turn");
         let b_next = turns.take(&b, at(0)).expect_err("no free turn");
-        turns.give_back(&a, MS);
+        turns.give_back(&a, MS, at(0));
         assert!(granted(&b_next));
-        turns.give_back(&b, 2 * MS);
+        turns.give_back(&b, 2 * MS, at(0));
         assert!(granted(&a_next), "B was owed the second it did not want");
     }
 
@@ -445,9 +497,9 @@ mod tests {
         let gone = turns.take(&b, at(0)).expect_err("no free turn");
         let next = turns.take(&a, at(0)).expect_err("no free turn");
         *lock(&gone.state) = TicketState::Gone;
-        turns.give_back(&a, MS);
+        turns.give_back(&a, MS, at(0));
         assert!(granted(&next));
-        turns.give_back(&a, MS);
+        turns.give_back(&a, MS, at(0));
         assert!(turns.take(&b, at(0)).is_ok(), "the turn was not given back");
     }
 
@@ -455,16 +507,32 @@ mod tests {
     fn a_busy_tenant_leaves_a_core_to_an_active_neighbour_until_it_goes_quiet() {
         let turns = Turns::new(2);
         let (busy, quiet) = (lane(), lane());
+        // Half a core over the last window.
         turns.take(&busy, at(0)).expect("a free turn");
-        turns.take(&quiet, at(0)).expect("a free turn");
-        turns.give_back(&quiet, MS);
+        turns.give_back(&busy, 50 * MS, at(50));
+        turns.take(&busy, at(50)).expect("a free turn");
+        turns.take(&quiet, at(50)).expect("a free turn");
+        turns.give_back(&quiet, MS, at(51));
         let capped = turns
-            .take(&busy, at(1))
+            .take(&busy, at(51))
             .expect_err("a second core while the neighbour is active");
-        turns.give_back(&busy, MS);
+        turns.give_back(&busy, MS, at(52));
         assert!(granted(&capped), "the busy tenant's own turn came back");
         // A hundred milliseconds without a word from the neighbour: both
         // cores are the busy tenant's again.
         assert!(turns.take(&busy, at(200)).is_ok());
+    }
+
+    #[test]
+    fn a_tenant_whose_handlers_use_little_is_not_held_to_a_share() {
+        let turns = Turns::new(2);
+        let (light, other) = (lane(), lane());
+        turns.take(&other, at(0)).expect("a free turn");
+        turns.give_back(&other, MS, at(1));
+        turns.take(&light, at(1)).expect("a free turn");
+        assert!(
+            turns.take(&light, at(1)).is_ok(),
+            "a light tenant was held to one core"
+        );
     }
 }

@@ -19,7 +19,7 @@ use super::watch::{FileWatcher, canonical};
 use super::{load_modules, warn_if_pool_short};
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
-use crate::config::{Broker, Config, Mount, SaslMechanism, Tenant};
+use crate::config::{Broker, Config, Mount, Node, SaslMechanism, SubscriptionKind, Tenant};
 use crate::events::{ConfigChange, Event};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
 
@@ -447,9 +447,13 @@ impl Control {
             return Ok(());
         }
         let pool = self.tenant(tenant).pool.clone();
-        // Pub/sub nodes give every receiver a copy of each message: the old
-        // mount must be gone before the new one takes its place.
-        let attached = if mount.node == Some(crate::config::Node::Topic) {
+        let attached = if let Some(old) = self.takes_over_first(&key, mount) {
+            // The old subscription cannot be consumed beside the new one:
+            // it goes first, and ends if the new mount subscribes elsewhere.
+            if old.config.subscription != mount.subscription || old.config.address != mount.address
+            {
+                old.end_subscription_on_stop();
+            }
             self.stop(std::slice::from_ref(&key)).await;
             None
         } else {
@@ -470,6 +474,22 @@ impl Control {
         self.stop(std::slice::from_ref(&key)).await;
         self.spawn(tenant, spec, attached);
         Ok(())
+    }
+
+    /// The running mount `key` when its replacement `mount` must not attach
+    /// beside it: on a topic, two volatile subscriptions each get every
+    /// message and an exclusive durable one takes one link at a time; only
+    /// the same shared durable subscription takes both at once.
+    fn takes_over_first(&self, key: &MountKey, mount: &Mount) -> Option<Arc<MountSpec>> {
+        let old = &self.mounts.get(key)?.spec;
+        let topic = old.config.node == Some(Node::Topic) || mount.node == Some(Node::Topic);
+        let same_shared = mount
+            .subscription
+            .as_ref()
+            .is_some_and(|s| s.kind == SubscriptionKind::DurableShared)
+            && old.config.subscription == mount.subscription
+            && old.config.address == mount.address;
+        (topic && !same_shared).then(|| old.clone())
     }
 
     /// Every module of `config`, compiled off the async runtime.
@@ -523,6 +543,13 @@ impl reload::Steps for Applying<'_> {
     }
 
     async fn detach(&mut self, keys: &[MountKey]) {
+        // A mount gone from the config ends its durable subscription, so
+        // subscriptions do not pile up on the broker.
+        for key in keys {
+            if let Some(mount) = self.control.mounts.get(key) {
+                mount.spec.end_subscription_on_stop();
+            }
+        }
         self.control.stop(keys).await;
     }
 

@@ -10,7 +10,10 @@ use crate::broker::{
     AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn, PooledSession,
     Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription, TransactionsOn,
 };
-use crate::config::{DelayChoice, Node, OutputsChoice, RetryAfterOriginal, RetryChoice, Settle};
+use crate::config::{
+    DelayChoice, Node, OutputsChoice, RetryAfterOriginal, RetryChoice, RetryCopiesTo, Settle,
+    SubscriptionKind, TopicSubscription,
+};
 use crate::events::Event;
 use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
 
@@ -81,10 +84,33 @@ impl Links {
             spec.tags.tenant, spec.tags.mount, spec.generation
         );
         let capability = mount.node.map(Node::capability);
+        let topic = mount.subscription.as_ref();
+        if topic.is_some() && session.offers.is_rabbitmq() {
+            return Err(BrokerError::Attach {
+                address: mount.address.clone(),
+                role: "receiver",
+                source: AttachFailure::Unsupported(
+                    "RabbitMQ has no topic source over AMQP 1.0: bind a queue to the exchange and mount the queue (`node = \"queue\"`); that queue is the durable, shared subscription",
+                ),
+            });
+        }
+        // On a durable subscription the receiver's link name is the
+        // subscription's name, which the broker names its queue after. A
+        // shared one's link names carry `|<attach>` (dropped by the broker,
+        // as for Qpid JMS's), so a replaced mount attaches beside its
+        // predecessor on the same connection.
+        let receiver_name = match topic {
+            Some(topic) if topic.kind == SubscriptionKind::DurableShared => {
+                format!("{}|{}", topic.name, spec.generation)
+            }
+            Some(topic) if topic.kind == SubscriptionKind::Durable => topic.name.clone(),
+            _ => link_name.clone(),
+        };
         let options = ReceiverOptions {
-            link_name: &link_name,
+            link_name: &receiver_name,
             address: &mount.address,
             capability,
+            subscription: topic.map(|topic| topic.kind),
             settle: mount.settle,
             credit: spec.credit(),
             max_message_size: mount.max_message_size,
@@ -95,11 +121,22 @@ impl Links {
             tokio::time::timeout(timeout, Subscription::attach(&mut session.session, options))
                 .await
                 .map_err(|_| timed_out())??;
-        // Copies go to the subscription's own node; a dead-letter address is
-        // a queue whenever the mount says what its nodes are.
-        let mut targets = vec![SenderTarget {
-            address: &mount.address,
-            capability,
+        // Copies go to the subscription's own node (on a topic, to every
+        // subscription, unless the mount sends them to its own subscription's
+        // queue); a dead-letter address is a queue whenever the mount says
+        // what its nodes are.
+        let own_queue = topic
+            .filter(|topic| topic.retry_copies_to == RetryCopiesTo::Subscription)
+            .map(|topic| format!("{}::{}", mount.address, subscription_queue(topic)));
+        let mut targets = vec![match &own_queue {
+            Some(queue) => SenderTarget {
+                address: queue,
+                capability: None,
+            },
+            None => SenderTarget {
+                address: &mount.address,
+                capability,
+            },
         }];
         if let Some(dead_letter) = &mount.dead_letter {
             targets.push(SenderTarget {
@@ -135,11 +172,11 @@ impl Links {
             match tokio::time::timeout(timeout, attached).await {
                 Ok(Ok(attached)) => attached,
                 Ok(Err(e)) => {
-                    subscription.close(CLOSE_TIMEOUT).await;
+                    subscription.close(CLOSE_TIMEOUT, false).await;
                     return Err(e);
                 }
                 Err(_) => {
-                    subscription.close(CLOSE_TIMEOUT).await;
+                    subscription.close(CLOSE_TIMEOUT, false).await;
                     return Err(timed_out());
                 }
             };
@@ -208,6 +245,15 @@ impl Links {
             publisher_task,
             session,
         }
+    }
+}
+
+/// The queue Artemis keeps a durable subscription in, as `address::queue`
+/// reaches it: shared subscriptions of no one container get `:global`.
+pub(crate) fn subscription_queue(topic: &TopicSubscription) -> String {
+    match topic.kind {
+        SubscriptionKind::DurableShared => format!("{}:global", topic.name),
+        SubscriptionKind::Durable | SubscriptionKind::Volatile => topic.name.clone(),
     }
 }
 

@@ -117,6 +117,10 @@ pub(crate) struct MountSpec {
     /// Set once the broker was caught handing `modified` deliveries back
     /// uncounted: from then on retries are copies, across reattaches.
     count_by_copy: AtomicBool,
+    /// Set when the mount is removed from the config: its durable topic
+    /// subscription ends with it, where a stop or a crash leaves it for the
+    /// next start.
+    ends_subscription: AtomicBool,
     /// Deliveries settled `modified`, by message id: which message it was
     /// (its identity, since publishers reuse ids), the attempt it was on
     /// and how often in a row it came back on it.
@@ -184,8 +188,19 @@ impl MountSpec {
             retry_key,
             queue: Mutex::new(None),
             count_by_copy: AtomicBool::new(false),
+            ends_subscription: AtomicBool::new(false),
             returned: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Makes the mount's next stop end its durable topic subscription.
+    pub(crate) fn end_subscription_on_stop(&self) {
+        self.ends_subscription.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether stopping ends the durable topic subscription.
+    pub(crate) fn ends_subscription(&self) -> bool {
+        self.ends_subscription.load(Ordering::Relaxed)
     }
 
     /// The link credit the mount attaches with: its `credit`, lowered

@@ -171,7 +171,10 @@ impl AttachedMount {
         }
         // Detach the receiver and the senders together: the broker takes
         // back whatever is still unsettled.
-        tokio::join!(subscription.close(detach_budget), publisher_task.close());
+        tokio::join!(
+            subscription.close(detach_budget, spec.ends_subscription()),
+            publisher_task.close()
+        );
         drop(session);
         failure.map_or(Ok(()), Err)
     }
