@@ -659,3 +659,53 @@ fn an_http_grant_that_is_not_an_origin_is_refused_naming_it() {
         "{message}"
     );
 }
+
+fn topic(extra: &str) -> String {
+    format!(
+        "[broker]\nurl = \"amqp://h\"\n[[tenant]]\nname = \"t\"\n[[tenant.mount]]\nname = \"m\"\nmodule = \"handlers/orders.wasm\"\naddress = \"events\"\n{extra}\n"
+    )
+}
+
+#[test]
+fn a_topic_mount_subscribes_durably_and_shared_under_a_name_of_its_own() {
+    let config = parse(&topic("node = \"topic\"")).expect("config");
+    let (_, mount) = config.mounts().next().expect("a mount");
+    assert_eq!(
+        mount.subscription,
+        Some(TopicSubscription {
+            kind: SubscriptionKind::DurableShared,
+            name: "wharf.t.m".to_owned(),
+            retry_copies_to: RetryCopiesTo::Address,
+        })
+    );
+    let queue = parse(&topic("")).expect("config");
+    assert_eq!(queue.mounts().next().expect("a mount").1.subscription, None);
+}
+
+#[test]
+fn subscription_keys_need_a_topic_and_copies_to_the_subscription_a_durable_one() {
+    let e = error(&topic("subscription = \"durable\""));
+    assert!(
+        e.contains("`subscription` only applies with `node = \"topic\"`"),
+        "{e}"
+    );
+    let e = error(&topic(
+        "node = \"topic\"\nsubscription = \"volatile\"\nretry_copies_to = \"subscription\"",
+    ));
+    assert!(e.contains("needs a durable subscription"), "{e}");
+    let e = error(&topic("node = \"topic\"\nsubscription_name = \"a|b\""));
+    assert!(e.contains("subscription name `a|b`"), "{e}");
+}
+
+#[test]
+fn two_topic_mounts_cannot_share_a_subscription_name() {
+    let mut text = topic("node = \"topic\"\nsubscription_name = \"s\"");
+    text.push_str(
+        "[[tenant]]\nname = \"u\"\n[[tenant.mount]]\nname = \"n\"\nmodule = \"handlers/orders.wasm\"\naddress = \"other\"\nnode = \"topic\"\nsubscription_name = \"s\"\n",
+    );
+    let e = error(&text);
+    assert!(
+        e.contains("subscription `s` is already the subscription of tenant `t`, mount `m`"),
+        "{e}"
+    );
+}

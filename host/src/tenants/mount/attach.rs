@@ -213,6 +213,10 @@ impl Links {
             tenant = &*spec.tags.tenant,
             mount = &*spec.tags.mount,
             address = mount.address,
+            subscription = mount
+                .subscription
+                .as_ref()
+                .map(|s| format!("{} ({})", s.name, s.kind.as_str())),
             broker = %session.endpoint,
             queue = queue.as_ref().map(|q| format!("{:?}", q.kind)),
             settle = %mount.settle,
