@@ -286,3 +286,114 @@ async fn a_volatile_subscription_keeps_nothing_while_the_mount_is_away() -> anyh
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn wharf_unsubscribe_ends_a_stopped_mounts_subscription() -> anyhow::Result<()> {
+    let address = topic();
+    let tenants = [TenantToml::new("t", vec![topic_mount("m", &address)])];
+    let text = tenants_text(&artemis_url(), "", &tenants);
+    let mut client = Client::connect(&artemis_url()).await?;
+    start(&tenants).await?.stop().await?;
+    client
+        .publish(&address, TestMessage::new(&unique("kept"), "x"))
+        .await?;
+    assert_eq!(client.artemis_count("wharf.t.m:global").await?, 1);
+    let config = std::env::temp_dir().join(format!("{}.toml", unique("unsubscribe")));
+    std::fs::write(&config, text)?;
+    let ended = tokio::process::Command::new(crate::process::wharf_binary())
+        .args(["unsubscribe", "--tenant", "t", "--mount", "m", "--config"])
+        .arg(&config)
+        .output()
+        .await?;
+    let _ = std::fs::remove_file(&config);
+    let stdout = String::from_utf8_lossy(&ended.stdout);
+    assert!(
+        ended.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ended.stderr)
+    );
+    assert!(
+        stdout.contains("ended subscription `wharf.t.m`"),
+        "{stdout}"
+    );
+    client
+        .publish(&address, TestMessage::new(&unique("gone"), "x"))
+        .await?;
+    assert_eq!(client.artemis_count("wharf.t.m:global").await?, 0);
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_topic_mount_on_rabbitmq_is_refused_with_what_to_do_instead() -> anyhow::Result<()> {
+    let tenants = [TenantToml::new(
+        "t",
+        vec![topic_mount("m", "/exchanges/amq.topic")],
+    )];
+    let text = tenants_text(&crate::rabbitmq_url(), "", &tenants);
+    let mut host =
+        TestHost::start_unattached(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    let error = host
+        .next(|e| match e {
+            Event::MountDown { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .await?;
+    assert!(
+        error.contains("RabbitMQ has no topic source") && error.contains("bind a queue"),
+        "{error}"
+    );
+    host.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shared_topic_mount_replaced_by_a_reload_loses_nothing() -> anyhow::Result<()> {
+    const EACH: usize = 100;
+    let url = artemis_url();
+    let address = topic();
+    let files = Workspace::new()?;
+    let config = |concurrency: u32| {
+        tenants_text(
+            &url,
+            "",
+            &[TenantToml::new(
+                "t",
+                vec![topic_mount("m", &address).with(&format!("concurrency = {concurrency}"))],
+            )],
+        )
+    };
+    files.replace("wharf.toml", config(2).as_bytes())?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    let mut client = Client::connect(&url).await?;
+    let ids: Vec<String> = (0..2 * EACH).map(|n| format!("{address}.{n}")).collect();
+    client
+        .publish_scripted(&address, &ids[..EACH], "*:ack")
+        .await?;
+    // Replaced while the first half is being handled: the new link attaches
+    // to the same subscription before the old one drains.
+    files.replace("wharf.toml", config(4).as_bytes())?;
+    let change = config_reloaded(&mut host).await?;
+    assert_eq!(change.replaced, ["t/m"], "{change:?}");
+    client
+        .publish_scripted(&address, &ids[EACH..], "*:ack")
+        .await?;
+    let mut handled: HashMap<String, usize> = HashMap::new();
+    while handled.len() < ids.len() {
+        let id = host
+            .next(|e| match e {
+                Event::Handled(h) if h.disposition == Some(Disposition::Accepted) => {
+                    h.message_id.clone()
+                }
+                _ => None,
+            })
+            .await?;
+        *handled.entry(id).or_default() += 1;
+    }
+    let duplicates: usize = handled.values().map(|n| n - 1).sum();
+    assert_eq!(duplicates, 0, "{handled:?}");
+    host.stop().await?;
+    client.close().await;
+    end(&address, "wharf.t.m").await?;
+    Ok(())
+}
