@@ -39,12 +39,71 @@ pub fn outcome(outcome: &Outcome) -> String {
     }
 }
 
+/// An error and its causes in one line, `error: cause: cause`, each cause
+/// once: a cause whose text the line already holds (an error that quotes
+/// its source, as many do) is not repeated.
+pub fn chain<'a>(
+    errors: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> String {
+    let mut line = String::new();
+    for error in errors {
+        let text = error.to_string();
+        let text = text.trim();
+        if text.is_empty() || line.contains(text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(text);
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use fe2o3_amqp_types::definitions::AmqpError;
     use fe2o3_amqp_types::messaging::{Rejected, Released};
 
     use super::*;
+
+    #[derive(Debug)]
+    struct Failed(&'static str, Option<Box<Failed>>);
+
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Failed {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let refused = Failed(
+            "cannot connect to broker amqp://h:5672: login refused",
+            Some(Box::new(Failed(
+                "login refused",
+                Some(Box::new(Failed("login refused", None))),
+            ))),
+        );
+        let chain_of = |e: &Failed| {
+            chain(std::iter::successors(
+                Some(e as &(dyn std::error::Error + 'static)),
+                |e| e.source(),
+            ))
+        };
+        assert_eq!(
+            chain_of(&refused),
+            "cannot connect to broker amqp://h:5672: login refused"
+        );
+        let layered = Failed("send failed", Some(Box::new(Failed("no route", None))));
+        assert_eq!(chain_of(&layered), "send failed: no route");
+    }
 
     #[test]
     fn outcomes_read_as_words() {

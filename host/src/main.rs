@@ -178,7 +178,8 @@ fn parse_property(text: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let log_format = cli.log_format;
+    init_logging(log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -189,9 +190,16 @@ fn main() -> ExitCode {
     let code = match runtime.block_on(run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            wharf::logging::flush();
-            eprintln!("error: {e:#}");
+            // Once: as a log line where logs are read by machines, else as
+            // the command's last words.
+            let message = wharf::words::chain(e.chain());
+            match log_format {
+                LogFormat::Json => tracing::error!("{message}"),
+                LogFormat::Text => {
+                    wharf::logging::flush();
+                    eprintln!("error: {message}");
+                }
+            }
             ExitCode::FAILURE
         }
     };

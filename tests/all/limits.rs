@@ -141,8 +141,10 @@ async fn a_handler_that_allocates_past_its_limit_is_retried() -> anyhow::Result<
     Ok(())
 }
 
-async fn load_error(module_bytes: &[u8]) -> String {
-    let module = std::env::temp_dir().join(format!("{}.wasm", unique("bad-module")));
+/// Loading `module_bytes` from a file named `*.{extension}` (WebAssembly
+/// text is read as such from a `.wat` file only).
+async fn load_error(module_bytes: &[u8], extension: &str) -> String {
+    let module = std::env::temp_dir().join(format!("{}.{extension}", unique("bad-module")));
     std::fs::write(&module, module_bytes).expect("temp module");
     let mut mount = MountToml::new("orders", "fixture_script", "q");
     mount.module = module.clone();
@@ -165,13 +167,16 @@ async fn load_error(module_bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_file_that_is_not_a_component_is_refused_at_load() {
-    let error = load_error(b"not wasm at all").await;
-    assert!(error.contains("is not a valid wasm component"), "{error}");
+    let error = load_error(b"not wasm at all", "wasm").await;
+    assert!(
+        error.contains("is not WebAssembly (it does not start with the `\\0asm` header)"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
 async fn a_component_without_the_handler_export_is_refused_at_load() {
-    let error = load_error(b"(component)").await;
+    let error = load_error(b"(component)", "wat").await;
     assert!(error.contains("does not export `handle"), "{error}");
 }
 
@@ -179,7 +184,7 @@ async fn a_component_without_the_handler_export_is_refused_at_load() {
 async fn a_component_with_more_memories_than_the_pool_allows_is_refused_at_load() {
     let memories = "(memory 1) ".repeat(9);
     let module = std::fs::read(wat_handler_with(&memories, "")).expect("module");
-    let error = load_error(&module).await;
+    let error = load_error(&module, "wat").await;
     assert!(
         error.contains("memories") && error.contains("10"),
         "{error}"
@@ -193,7 +198,7 @@ async fn a_module_whose_start_up_traps_is_refused_at_load() {
         "",
     ))
     .expect("module");
-    let error = load_error(&module).await;
+    let error = load_error(&module, "wat").await;
     assert!(error.contains("does not start"), "{error}");
 }
 
@@ -201,6 +206,7 @@ async fn a_module_whose_start_up_traps_is_refused_at_load() {
 async fn a_component_importing_what_the_host_lacks_is_refused_naming_the_import() {
     let error = load_error(
         br#"(component (import "acme:secret/vault" (instance (export "open" (func)))))"#,
+        "wat",
     )
     .await;
     assert!(error.contains("acme:secret/vault"), "{error}");

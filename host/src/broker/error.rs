@@ -100,8 +100,8 @@ pub enum Timed<E: std::error::Error + 'static> {
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectFailure {
     /// TCP: refused, unreachable, no answer.
-    #[error("{0}")]
-    Socket(#[source] std::io::Error),
+    #[error("{}", socket_words(.0))]
+    Socket(std::io::Error),
     /// The TLS handshake failed (the broker's certificate, or ours).
     #[error("{0}")]
     Tls(#[source] std::io::Error),
@@ -109,14 +109,61 @@ pub enum ConnectFailure {
     #[error("TLS: {0}")]
     TlsFiles(#[source] super::tls::TlsError),
     /// AMQP or SASL: the broker refused us.
-    #[error("{0}")]
-    Open(#[source] OpenError),
+    #[error("{}", open_words(.0))]
+    Open(OpenError),
     /// The whole exchange took too long.
     #[error("no AMQP open within {0:?}")]
     TimedOut(Duration),
     /// The URL asks for something this build cannot do.
     #[error("{0}")]
     Unsupported(String),
+}
+
+/// A socket error as a person reads it: what happened and what to check,
+/// without the errno's number.
+fn socket_words(error: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::ConnectionRefused => {
+            "connection refused: nothing listens there (is the broker running, and is the port right?)"
+                .to_owned()
+        }
+        ErrorKind::ConnectionReset => "the broker reset the connection".to_owned(),
+        ErrorKind::ConnectionAborted => "the connection was aborted".to_owned(),
+        ErrorKind::TimedOut => "no answer: the connection timed out".to_owned(),
+        ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => {
+            "the broker's host cannot be reached from here (no route)".to_owned()
+        }
+        ErrorKind::UnexpectedEof => "the broker closed the connection".to_owned(),
+        _ => without_errno(&error.to_string()),
+    }
+}
+
+/// `Connection refused (os error 111)` without ` (os error 111)`.
+fn without_errno(text: &str) -> String {
+    match text.rfind(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_owned(),
+        _ => text.to_owned(),
+    }
+}
+
+/// Why the AMQP or SASL exchange failed, in words, with what to check.
+fn open_words(error: &OpenError) -> String {
+    use fe2o3_amqp::types::sasl::SaslCode;
+    match error {
+        OpenError::Io(e) => socket_words(e),
+        OpenError::SaslError { code, .. } => match code {
+            SaslCode::Auth => "the broker refused the login (SASL `auth`): check `user` and `password_file` (or the URL's user and password) and the mechanism (`sasl`)".to_owned(),
+            SaslCode::SysPerm => "the broker's login failed and will not recover by itself (SASL `sys-perm`): see the broker's log".to_owned(),
+            SaslCode::Sys | SaslCode::SysTemp => "the broker's login failed for a reason of its own (SASL `sys`); it may pass on a retry".to_owned(),
+            SaslCode::Ok => "the SASL exchange ended without a connection".to_owned(),
+        },
+        OpenError::NotImplemented(what) => format!(
+            "the broker could not complete the SASL exchange{}: does it offer the mechanism set in `sasl` (SASL EXTERNAL needs a certificate login on the broker's acceptor)?",
+            what.as_deref().map(|w| format!(" ({w})")).unwrap_or_default()
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// Why a link could not be attached.
@@ -177,5 +224,45 @@ impl PublishFailure {
     /// The links went down before the message went out.
     pub fn links_down() -> PublishFailure {
         PublishFailure::NotSent("the mount's links went down".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fe2o3_amqp::types::sasl::SaslCode;
+
+    use super::*;
+
+    #[test]
+    fn socket_errors_read_as_words_without_errno_numbers() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let text = ConnectFailure::Socket(refused).to_string();
+        assert!(
+            text.starts_with("connection refused: nothing listens there"),
+            "{text}"
+        );
+        assert_eq!(
+            without_errno("Permission denied (os error 13)"),
+            "Permission denied"
+        );
+        let reset = OpenError::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(
+            ConnectFailure::Open(reset).to_string(),
+            "the broker reset the connection"
+        );
+    }
+
+    #[test]
+    fn a_refused_login_names_what_to_check_and_no_debug_text() {
+        let refused = OpenError::SaslError {
+            code: SaslCode::Auth,
+            additional_data: None,
+        };
+        let text = ConnectFailure::Open(refused).to_string();
+        assert!(
+            text.contains("refused the login") && text.contains("password_file"),
+            "{text}"
+        );
+        assert!(!text.contains("None") && !text.contains("Auth,"), "{text}");
     }
 }

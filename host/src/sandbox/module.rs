@@ -157,6 +157,14 @@ impl Module {
             path: path.to_owned(),
             reason,
         };
+        // Text is read as WebAssembly text only from a `.wat` file: anything
+        // else without the binary header is not WebAssembly at all.
+        let text = path.extension().is_some_and(|ext| ext == "wat");
+        if !text && !bytes.starts_with(b"\0asm") {
+            return Err(fail(
+                "is not WebAssembly (it does not start with the `\\0asm` header): `module` must name a compiled component, such as `target/wasm32-wasip2/release/<name>.wasm`".to_owned(),
+            ));
+        }
         let component = Component::new(engine, bytes)
             .map_err(|e| fail(format!("is not a valid wasm component: {e:?}")))?;
         // A component whose core modules are imported cannot be measured;

@@ -79,7 +79,7 @@ impl Host {
     pub async fn load(config: Config) -> Result<Host, HostError> {
         warn_if_pool_short(&config);
         let sandbox = Sandbox::new(config.host.max_instances)
-            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+            .map_err(|e| HostError::Engine(crate::words::chain(e.chain())))?;
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
         probe_modules(&sandbox, &config, &modules)
             .await
