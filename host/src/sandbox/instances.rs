@@ -391,7 +391,14 @@ impl Instances {
         }
     }
 
-    async fn call(&self, mut instance: Instance, delivery: &Delivery) -> Call {
+    /// Runs a delivery on the CPU turns of the mount's tenant: the call,
+    /// and throwing away a failed instance (a store holding a thousand
+    /// header maps takes a while to free), count as the tenant's CPU.
+    async fn call(&self, instance: Instance, delivery: &Delivery) -> Call {
+        OnCpu::new(&self.lane, self.call_on_cpu(instance, delivery)).await
+    }
+
+    async fn call_on_cpu(&self, mut instance: Instance, delivery: &Delivery) -> Call {
         let timeout = self.limits.timeout;
         let deadline = Instant::now() + timeout;
         let store = &mut instance.store;
@@ -400,7 +407,7 @@ impl Instances {
         store.set_epoch_deadline(1);
         // The epoch check only fires while wasm runs; a guest parked in a
         // host call (a WASI sleep) is caught by this outer timer.
-        let run = OnCpu::new(&self.lane, self.run(&mut instance, delivery));
+        let run = self.run(&mut instance, delivery);
         let result = tokio::time::timeout_at(deadline.into(), run)
             .await
             .unwrap_or(Err(Failure::Timeout(timeout)));
