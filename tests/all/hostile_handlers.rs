@@ -292,3 +292,31 @@ async fn a_handler_logging_at_full_speed_at_error_is_held_to_its_tenants_rate_an
     assert_eq!(report.dead, DELIVERIES);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_running_short_busy_handlers_at_full_rate_leaves_the_host_its_resources()
+-> anyhow::Result<()> {
+    const DELIVERIES: usize = 2000;
+    let queue = unique("toil");
+    let tenant = TenantToml::new(
+        "hostile",
+        vec![
+            hostile("toil", &queue, 16)
+                .with("[tenant.mount.grants]")
+                .with("clocks = true"),
+        ],
+    );
+    let report =
+        beside_a_neighbour(tenant, &[&queue], "*:toil=1", DELIVERIES, async |_| Ok(())).await?;
+    println!(
+        "hostile busy handlers: {DELIVERIES} deliveries of 1 ms each, 16 at once, {} dead-lettered; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB; open fds {} before, {} after",
+        report.dead,
+        report.peak_rss >> 20,
+        report.fds_before,
+        report.fds_after,
+    );
+    assert_eq!(report.dead, DELIVERIES);
+    assert!(report.peak_rss < RSS_BOUND, "{}", report.peak_rss);
+    assert!(report.fds_after <= report.fds_before + 8);
+    Ok(())
+}

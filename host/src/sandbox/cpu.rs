@@ -5,9 +5,12 @@
 //! it yields (at every epoch tick, or while it waits on a host call). When
 //! calls wait for a turn, a freed turn goes to the tenant that has used the
 //! least CPU time so far (stride scheduling: each tenant's use is counted
-//! from the moment it starts waiting), so a tenant running many short
-//! handlers gets an equal share of the cores and its waiting calls are not
-//! even runnable, while a tenant alone gets them all.
+//! from the moment it starts waiting). A tenant whose handlers used more
+//! than [`HEAVY_SHARE`] of a core lately is also held to an equal share of
+//! the turns among the tenants active lately, so many short handlers of one
+//! tenant leave cores to the others' handlers and to the host's own work
+//! (their waiting calls are not even runnable), while a tenant alone gets
+//! every core.
 //!
 //! On top of that, a handler that keeps running past
 //! [`LONG_RUNNING_AFTER_SLICES`] epoch ticks is deprioritised: from then on
@@ -45,19 +48,9 @@ pub struct CpuLane {
 impl CpuLane {
     /// A lane of its own.
     pub fn new() -> CpuLane {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         CpuLane {
             slot: Arc::new(Semaphore::new(1)),
-            turns: Arc::new(Lane {
-                id: NEXT.fetch_add(1, Ordering::Relaxed),
-                used: AtomicU64::new(0),
-                holding: AtomicUsize::new(0),
-                asked: AtomicU64::new(0),
-                active: AtomicBool::new(false),
-                window_used: AtomicU64::new(0),
-                last_window_used: AtomicU64::new(0),
-                window_start: AtomicU64::new(0),
-            }),
+            turns: Arc::new(Lane::new()),
         }
     }
 }
@@ -137,6 +130,20 @@ struct Lane {
 }
 
 impl Lane {
+    fn new() -> Lane {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Lane {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            used: AtomicU64::new(0),
+            holding: AtomicUsize::new(0),
+            asked: AtomicU64::new(0),
+            active: AtomicBool::new(false),
+            window_used: AtomicU64::new(0),
+            last_window_used: AtomicU64::new(0),
+            window_start: AtomicU64::new(0),
+        }
+    }
+
     /// Whether it used more than [`HEAVY_SHARE`] of a core lately: only
     /// such a tenant is held to its share of the turns, so one whose
     /// handlers are light keeps running them side by side.

@@ -18,7 +18,8 @@
 //! host refuses one: then trap), `open=N=HOST:PORT` (start N requests to
 //! `http://HOST:PORT/slow` without waiting for any, then loop forever),
 //! `shout=BYTES` (log that much at `error` in lines of 100 bytes, then
-//! trap), `grow=MIB` (allocate and touch MIB MiB, then ack).
+//! trap), `grow=MIB` (allocate and touch MIB MiB, then ack), `toil=MS`
+//! (compute for MS milliseconds, then retry).
 //!
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
@@ -205,6 +206,10 @@ fn act(d: &Delivery, action: &str) -> Outcome {
             }
             if let Some(Ok(mib)) = other.strip_prefix("grow=").map(str::parse::<usize>) {
                 std::hint::black_box(vec![1u8; mib << 20]);
+            }
+            if let Some(Ok(ms)) = other.strip_prefix("toil=").map(str::parse) {
+                busy(Duration::from_millis(ms));
+                return Outcome::Retry;
             }
             if let Some(Ok(ms)) = other.strip_prefix("busy=").map(str::parse) {
                 busy(Duration::from_millis(ms));
