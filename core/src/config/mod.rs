@@ -1112,25 +1112,22 @@ impl Checker<'_> {
         raw: &RawMount,
     ) -> Result<Option<TopicSubscription>, ConfigError> {
         if raw.node != Some(Node::Topic) {
-            let key = raw
-                .subscription
-                .as_ref()
-                .map(|v| (v.span(), "subscription"))
-                .or(raw
-                    .subscription_name
-                    .as_ref()
-                    .map(|v| (v.span(), "subscription_name")))
-                .or(raw
-                    .retry_copies_to
-                    .as_ref()
-                    .map(|v| (v.span(), "retry_copies_to")));
-            return match key {
-                Some((span, key)) => Err(self.invalid(
-                    &Spanned::new(span, ()),
-                    format!("{here}: `{key}` only applies with `node = \"topic\"`"),
-                )),
-                None => Ok(None),
-            };
+            self.only_with(
+                here,
+                "`node = \"topic\"`",
+                &[
+                    (raw.subscription.as_ref().map(Spanned::span), "subscription"),
+                    (
+                        raw.subscription_name.as_ref().map(Spanned::span),
+                        "subscription_name",
+                    ),
+                    (
+                        raw.retry_copies_to.as_ref().map(Spanned::span),
+                        "retry_copies_to",
+                    ),
+                ],
+            )?;
+            return Ok(None);
         }
         let kind = raw
             .subscription
@@ -1303,6 +1300,26 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Refuses the first of `keys` that is set: each only applies with
+    /// `condition`.
+    fn only_with(
+        &self,
+        here: &str,
+        condition: &str,
+        keys: &[(Option<std::ops::Range<usize>>, &str)],
+    ) -> Result<(), ConfigError> {
+        match keys
+            .iter()
+            .find_map(|(span, key)| Some((span.clone()?, key)))
+        {
+            Some((span, key)) => Err(self.invalid(
+                &Spanned::new(span, ()),
+                format!("{here}: `{key}` only applies with {condition}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn instance_policy(&self, here: &str, raw: &RawMount) -> Result<InstancePolicy, ConfigError> {
         self.positive(here, "instance_max_uses", &raw.instance_max_uses)?;
         let reuse = raw
@@ -1310,20 +1327,20 @@ impl Checker<'_> {
             .as_ref()
             .is_some_and(|mode| *mode.get_ref() == InstanceMode::Reuse);
         if !reuse {
-            let reuse_key = raw
-                .instance_max_uses
-                .as_ref()
-                .map(|v| (v.span(), "instance_max_uses"))
-                .or(raw
-                    .instance_max_idle
-                    .as_ref()
-                    .map(|v| (v.span(), "instance_max_idle")));
-            if let Some((span, key)) = reuse_key {
-                return Err(self.invalid(
-                    &Spanned::new(span, ()),
-                    format!("{here}: `{key}` only applies with `instance = \"reuse\"`"),
-                ));
-            }
+            self.only_with(
+                here,
+                "`instance = \"reuse\"`",
+                &[
+                    (
+                        raw.instance_max_uses.as_ref().map(Spanned::span),
+                        "instance_max_uses",
+                    ),
+                    (
+                        raw.instance_max_idle.as_ref().map(Spanned::span),
+                        "instance_max_idle",
+                    ),
+                ],
+            )?;
             return Ok(InstancePolicy::PerDelivery);
         }
         Ok(InstancePolicy::Reuse {
