@@ -142,6 +142,9 @@ impl AttachedMount {
                 }
             }
         };
+        // Slots taken ahead for the next delivery: the deliveries handled
+        // while stopping need them.
+        drop((handler_slot, unsettled_slot));
         let detach_budget = spec.grace / DETACH_SHARE;
         match &failure {
             None => {
