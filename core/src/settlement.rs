@@ -25,6 +25,19 @@ pub enum Outcome {
     Drop,
 }
 
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Ack => f.write_str("ack"),
+            Outcome::Retry => f.write_str("retry"),
+            Outcome::RetryAfter(delay) => {
+                write!(f, "retry-after {}", humantime::format_duration(*delay))
+            }
+            Outcome::Drop => f.write_str("drop"),
+        }
+    }
+}
+
 /// An AMQP terminal delivery state the host sends for an unsettled delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
@@ -78,6 +91,16 @@ pub enum RetryPath {
     Copy,
 }
 
+impl RetryPath {
+    /// As the config and the logs write it: `modified` or `copy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryPath::Modified => "modified",
+            RetryPath::Copy => "copy",
+        }
+    }
+}
+
 /// Where a `retry-after` copy waits out its delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DelayPath {
@@ -88,6 +111,16 @@ pub enum DelayPath {
     /// copy is published, then the original is settled. A crash meanwhile
     /// leaves the original on the broker.
     Held,
+}
+
+impl DelayPath {
+    /// As the config and the logs write it: `scheduled` or `held`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DelayPath::Scheduled => "scheduled",
+            DelayPath::Held => "held",
+        }
+    }
 }
 
 /// What a mount declares and its broker supports; fixed for a link's life.

@@ -81,12 +81,79 @@ pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, TlsError> {
         .with_root_certificates(roots);
     let config = match (&files.cert_file, &files.key_file) {
         (Some(cert), Some(key)) => {
-            builder.with_client_auth_cert(certificates("cert_file", cert)?, private_key(key)?)?
+            let chain = certificates("cert_file", cert)?;
+            let first = chain[0].clone();
+            builder
+                .with_client_auth_cert(chain, private_key(key)?)
+                .map_err(|e| unusable_client_certificate(cert, &first, e))?
         }
         (None, None) => builder.with_no_client_auth(),
         _ => return Err(TlsError::Unpaired),
     };
     Ok(Arc::new(config))
+}
+
+/// Why rustls refused the client certificate in `path` (`first` is its
+/// first certificate), in words, with how to make a usable one.
+fn unusable_client_certificate(
+    path: &Path,
+    first: &CertificateDer<'_>,
+    error: rustls::Error,
+) -> TlsError {
+    let reason = match &error {
+        _ if x509_version(first) == Some(1) => "an X.509 v1 certificate, which TLS libraries refuse for a client: make a v3 one (`openssl x509 -req ... -extfile client.ext` with `extendedKeyUsage = clientAuth` in client.ext, or `openssl req -x509 ...`, which makes v3)".to_owned(),
+        rustls::Error::InconsistentKeys(_) => {
+            "does not go with `key_file`: the key is not the certificate's".to_owned()
+        }
+        rustls::Error::InvalidCertificate(_) => {
+            "not a usable certificate (it does not parse as X.509 v3)".to_owned()
+        }
+        other => format!("refused: {other}"),
+    };
+    TlsError::File {
+        key: "cert_file",
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+/// The X.509 version of a DER certificate (1 when the version field is
+/// absent, as in v1), or `None` when it does not parse that far.
+fn x509_version(der: &[u8]) -> Option<u8> {
+    /// The content of the DER element at the start of `bytes` with `tag`.
+    fn content(bytes: &[u8], tag: u8) -> Option<&[u8]> {
+        let (&found, rest) = bytes.split_first()?;
+        if found != tag {
+            return None;
+        }
+        let (&first, rest) = rest.split_first()?;
+        let (length, rest) = if first < 0x80 {
+            (usize::from(first), rest)
+        } else {
+            let count = usize::from(first & 0x7f);
+            if count == 0 || count > 4 || rest.len() < count {
+                return None;
+            }
+            let (digits, rest) = rest.split_at(count);
+            let length = digits
+                .iter()
+                .fold(0usize, |n, &b| (n << 8) | usize::from(b));
+            (length, rest)
+        };
+        rest.get(..length)
+    }
+    const SEQUENCE: u8 = 0x30;
+    const VERSION: u8 = 0xa0;
+    const INTEGER: u8 = 0x02;
+    let certificate = content(der, SEQUENCE)?;
+    let signed = content(certificate, SEQUENCE)?;
+    match content(signed, VERSION) {
+        Some(version) => match content(version, INTEGER)? {
+            [v] => v.checked_add(1),
+            _ => None,
+        },
+        None => Some(1),
+    }
 }
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {

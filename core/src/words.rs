@@ -60,6 +60,11 @@ pub fn chain<'a>(
     line
 }
 
+/// An error and its sources in one line, each once (see [`chain`]).
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    chain(std::iter::successors(Some(error), |e| e.source()))
+}
+
 #[cfg(test)]
 mod tests {
     use fe2o3_amqp_types::definitions::AmqpError;
@@ -91,12 +96,7 @@ mod tests {
                 Some(Box::new(Failed("login refused", None))),
             ))),
         );
-        let chain_of = |e: &Failed| {
-            chain(std::iter::successors(
-                Some(e as &(dyn std::error::Error + 'static)),
-                |e| e.source(),
-            ))
-        };
+        let chain_of = |e: &Failed| with_causes(e);
         assert_eq!(
             chain_of(&refused),
             "cannot connect to broker amqp://h:5672: login refused"

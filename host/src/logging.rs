@@ -128,6 +128,79 @@ impl<'a> MakeWriter<'a> for LogWriter {
     }
 }
 
+/// How often a failure that keeps repeating is told again.
+pub const REMIND_EVERY: Duration = Duration::from_secs(60);
+
+/// A failure that may repeat at every retry: told in full the first time,
+/// then as a short reminder at most once per [`REMIND_EVERY`], so a broker
+/// that refuses for hours leaves a few lines, not one per attempt.
+#[derive(Debug, Default)]
+pub struct Repeats {
+    last: Option<Repeat>,
+}
+
+#[derive(Debug)]
+struct Repeat {
+    text: String,
+    first: tokio::time::Instant,
+    told: tokio::time::Instant,
+    /// Times it happened since it was last told.
+    untold: u32,
+}
+
+/// What to log about a failure that happened (again).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tell {
+    /// It is new (or differs from the last one): tell it in full.
+    First,
+    /// It is the same as before: a reminder, with how often it happened
+    /// since it was last told and how long it has lasted.
+    Again {
+        /// Times since it was last told, this one included.
+        times: u32,
+        /// Since it was first told.
+        lasting: Duration,
+    },
+    /// Told recently: nothing above debug level.
+    Quiet,
+}
+
+impl Repeats {
+    /// Notes that `text` happened now; says how to tell it.
+    pub fn happened(&mut self, text: &str) -> Tell {
+        let now = tokio::time::Instant::now();
+        match &mut self.last {
+            Some(last) if last.text == text => {
+                last.untold += 1;
+                if now.duration_since(last.told) < REMIND_EVERY {
+                    return Tell::Quiet;
+                }
+                let times = std::mem::take(&mut last.untold);
+                last.told = now;
+                Tell::Again {
+                    times,
+                    lasting: now.duration_since(last.first),
+                }
+            }
+            _ => {
+                self.last = Some(Repeat {
+                    text: text.to_owned(),
+                    first: now,
+                    told: now,
+                    untold: 0,
+                });
+                Tell::First
+            }
+        }
+    }
+
+    /// It stopped happening: the next time is a first again. Returns how
+    /// long it lasted, if it was happening.
+    pub fn ended(&mut self) -> Option<Duration> {
+        self.last.take().map(|last| last.first.elapsed())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -175,5 +248,26 @@ mod tests {
         thread.join().expect("writer thread");
         let text = String::from_utf8(written.lock().expect("sink").clone()).expect("utf-8");
         assert!(text.starts_with("line 0\n"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_failure_is_told_once_then_reminded_once_a_minute() {
+        let mut repeats = Repeats::default();
+        assert_eq!(repeats.happened("refused"), Tell::First);
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+            assert_eq!(repeats.happened("refused"), Tell::Quiet);
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            repeats.happened("refused"),
+            Tell::Again {
+                times: 6,
+                lasting: Duration::from_secs(60)
+            }
+        );
+        assert_eq!(repeats.happened("another reason"), Tell::First);
+        assert_eq!(repeats.ended(), Some(Duration::ZERO));
+        assert_eq!(repeats.happened("another reason"), Tell::First);
     }
 }

@@ -9,6 +9,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
+
+mod check;
 use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
@@ -65,6 +67,14 @@ enum Command {
         /// The configuration file.
         #[arg(long, short, default_value = "wharf.toml")]
         config: PathBuf,
+        /// Explain how each mount's retries, delays and outputs are carried
+        /// out.
+        #[arg(long, short)]
+        verbose: bool,
+        /// Also connect to each broker, log in and attach to every mount's
+        /// address (consuming nothing), and report each.
+        #[arg(long)]
+        connect: bool,
     },
     /// Publish messages to an address and wait for the broker to accept
     /// each (handy to try a mount).
@@ -221,21 +231,11 @@ fn init_logging(format: LogFormat) {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run { config } => serve(Config::load(&config)?).await,
-        Command::Check { config } => {
-            let loaded = Config::load(&config)?;
-            let mounts = loaded.mounts().count();
-            let tenants = loaded.tenants.len();
-            let paths: Vec<String> = loaded.mounts().map(|(t, m)| paths(t, m)).collect();
-            Host::load(loaded).await?;
-            println!(
-                "{}: ok ({tenants} tenant(s), {mounts} mount(s), every module is a valid handler and starts)",
-                config.display()
-            );
-            for line in paths {
-                println!("  {line}");
-            }
-            Ok(())
-        }
+        Command::Check {
+            config,
+            verbose,
+            connect,
+        } => check::check(&config, verbose, connect).await,
         Command::Unsubscribe {
             config,
             tenant,
@@ -448,71 +448,6 @@ fn send_broker(choice: BrokerChoice) -> anyhow::Result<Broker> {
             Ok(tenant.broker.clone().unwrap_or(config.broker))
         }
     }
-}
-
-/// How a mount's retries and delays will be carried out, as `wharf check`
-/// says it: what the config fixes, or how it is decided at attach.
-fn paths(tenant: &wharf::config::Tenant, mount: &wharf::config::Mount) -> String {
-    use wharf::config::{DelayChoice, OutputsChoice, RetryChoice, Settle};
-    let retry = match mount.retry {
-        Some(RetryChoice::Modified) => "`modified`",
-        Some(RetryChoice::Copy) => "copies",
-        None => {
-            "`modified` where the broker takes it and counts redeliveries, else copies (seen at attach)"
-        }
-    };
-    let delay = match mount.delay {
-        Some(DelayChoice::Scheduled) => "copies scheduled on the broker",
-        Some(DelayChoice::Held) => "held by the host, the original unsettled",
-        None => "scheduled where the broker offers DELAYED_DELIVERY, else held (seen at attach)",
-    };
-    let grants = &mount.grants;
-    let outputs = if grants.send.is_empty() && !grants.reply.granted() {
-        String::new()
-    } else {
-        let mut to: Vec<&str> = grants.send.iter().map(|p| p.as_str()).collect();
-        let replies;
-        match &grants.reply {
-            ReplyGrant::Denied => {}
-            ReplyGrant::Any => to.push("reply-to"),
-            ReplyGrant::To(patterns) => {
-                let names: Vec<&str> = patterns.iter().map(|p| p.as_str()).collect();
-                replies = format!("reply-to within {}", names.join(", "));
-                to.push(&replies);
-            }
-        }
-        let how = match (mount.outputs, mount.settle) {
-            (_, Settle::AtMostOnce) => "published on an ack (the delivery is settled on receipt)",
-            (Some(OutputsChoice::Transaction), _) => {
-                "posted in one transaction with the ack (all or nothing; the mount needs a broker with transactions)"
-            }
-            (Some(OutputsChoice::Confirm), _) => {
-                "published and confirmed before the ack is accepted (at least once; duplicates dropped by id on Artemis)"
-            }
-            (None, _) => {
-                "in one transaction with the ack where the broker is Artemis, else confirmed before the ack is accepted (at least once; seen at attach)"
-            }
-        };
-        format!("; outputs to {}: {how}", to.join(", "))
-    };
-    let http = if grants.http.allowed.is_empty() {
-        String::new()
-    } else {
-        let to: Vec<&str> = grants.http.allowed.iter().map(|p| p.as_str()).collect();
-        format!("; HTTP to {} (not part of the settlement)", to.join(", "))
-    };
-    let topic = match &mount.subscription {
-        Some(subscription) => format!(
-            " (topic: {} subscription `{}`)",
-            subscription.kind.as_str(),
-            subscription.name
-        ),
-        None => String::new(),
-    };
-    format!(
-        "{}/{}: {} on `{}`{topic}; retry: {retry}; retry-after: {delay}{outputs}{http}",
-        tenant.name, mount.name, mount.settle, mount.address
-    )
 }
 
 /// Time to close connections beyond the shutdown grace period.

@@ -249,7 +249,7 @@ async fn no_secret_reaches_a_log_an_error_a_metric_or_check() -> anyhow::Result<
     // wharf run: a password the broker refuses, so errors are logged.
     let config = TempFile::new("toml", &wrong)?;
     let refused = Logged::start(&config.0).await?;
-    refused.wait_for("cannot reach the broker").await?;
+    refused.wait_for("the broker refused the login").await?;
     let log = refused.stop().await?;
     assert_no_secret(&user, "the log of a refused wharf run", &log);
 

@@ -50,6 +50,8 @@ pub struct Health {
 struct MountHealth {
     state: &'static str,
     error: Option<String>,
+    /// Retrying cannot mend `error` until the config or the broker changes.
+    permanent: bool,
 }
 
 impl Health {
@@ -63,7 +65,8 @@ impl Health {
     }
 
     /// Records where a mount stands; a stopped mount is forgotten.
-    pub fn set_mount(&self, tenant: &str, mount: &str, state: &State) {
+    /// `permanent`: its last failure will not mend by retrying.
+    pub fn set_mount(&self, tenant: &str, mount: &str, state: &State, permanent: bool) {
         let key = (tenant.to_owned(), mount.to_owned());
         let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
         let last_error = mounts.get(&key).and_then(|m| m.error.clone());
@@ -71,14 +74,17 @@ impl Health {
             State::Attaching => MountHealth {
                 state: "attaching",
                 error: last_error,
+                permanent,
             },
             State::Up => MountHealth {
                 state: "up",
                 error: None,
+                permanent: false,
             },
             State::BackingOff { error, .. } => MountHealth {
                 state: "backing-off",
                 error: Some(error.clone()),
+                permanent,
             },
             State::Stopped => {
                 mounts.remove(&key);
@@ -101,6 +107,7 @@ impl Health {
                     "mount": mount,
                     "state": m.state,
                     "last_error": m.error,
+                    "needs_a_fix": m.permanent,
                 })
             })
             .collect();

@@ -7,6 +7,7 @@ use fe2o3_amqp::link::{
     DispositionError, ReceiverAttachError, RecvError, SendError, SenderAttachError,
 };
 use fe2o3_amqp::session::BeginError;
+use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
 use fe2o3_amqp::types::messaging::Outcome;
 
 /// Something the broker refused, or a connection or link that failed.
@@ -29,7 +30,10 @@ pub enum BrokerError {
         source: Timed<BeginError>,
     },
     /// A link could not be attached.
-    #[error("address `{address}`: cannot attach a {role} link: {source}")]
+    #[error(
+        "address `{address}`: cannot attach a {role} link: {source}{}",
+        attach_hint(source)
+    )]
     Attach {
         /// The link's address.
         address: String,
@@ -83,6 +87,80 @@ pub enum BrokerError {
         #[source]
         source: SendError,
     },
+}
+
+impl BrokerError {
+    /// Whether trying again cannot help until someone changes the config
+    /// or the broker: a refused login, a SASL mechanism the broker does not
+    /// offer, a certificate refused either way, an address the broker
+    /// refuses or does not have. wharf keeps trying (credentials and
+    /// certificates get rotated) but says so once, not at every attempt.
+    pub fn is_permanent(&self) -> bool {
+        use fe2o3_amqp::types::sasl::SaslCode;
+        match self {
+            BrokerError::Connect { source, .. } => match source {
+                ConnectFailure::Open(OpenError::SaslError { code, .. }) => {
+                    matches!(code, SaslCode::Auth | SaslCode::SysPerm)
+                }
+                ConnectFailure::Open(OpenError::NotImplemented(_))
+                | ConnectFailure::TlsFiles(_)
+                | ConnectFailure::Unsupported(_) => true,
+                // What `tls::handshake` says of a certificate.
+                ConnectFailure::Tls(e) => matches!(
+                    e.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::PermissionDenied
+                ),
+                ConnectFailure::Socket(_)
+                | ConnectFailure::Open(_)
+                | ConnectFailure::TimedOut(_) => false,
+            },
+            BrokerError::Attach { source, .. } => {
+                matches!(source, AttachFailure::Unsupported(_)) || source.hint().is_some()
+            }
+            _ => false,
+        }
+    }
+}
+
+impl AttachFailure {
+    /// The condition the broker refused the link with, if it gave one.
+    fn condition(&self) -> Option<&ErrorCondition> {
+        use fe2o3_amqp::link::SessionStopReason;
+        let error = match self {
+            AttachFailure::Receiver(ReceiverAttachError::RemoteClosedWithError(e))
+            | AttachFailure::Sender(SenderAttachError::RemoteClosedWithError(e))
+            | AttachFailure::Receiver(ReceiverAttachError::SessionStopped(
+                SessionStopReason::RemoteEndedWithError(e),
+            ))
+            | AttachFailure::Sender(SenderAttachError::SessionStopped(
+                SessionStopReason::RemoteEndedWithError(e),
+            )) => e,
+            _ => return None,
+        };
+        Some(&error.condition)
+    }
+
+    /// What to do about a refusal that stays until the broker's setup or
+    /// the address changes.
+    fn hint(&self) -> Option<&'static str> {
+        match self.condition()? {
+            ErrorCondition::AmqpError(AmqpError::NotFound) => {
+                Some("create it on the broker, or correct the address")
+            }
+            ErrorCondition::AmqpError(AmqpError::UnauthorizedAccess) => Some(
+                "the broker's user may not use it: grant the permission on the broker, or log in as another `user`",
+            ),
+            ErrorCondition::AmqpError(AmqpError::NotAllowed) => {
+                Some("the broker does not allow this link there: see its address settings")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The hint for an attach failure, as `; hint`.
+fn attach_hint(failure: &AttachFailure) -> String {
+    failure.hint().map(|h| format!("; {h}")).unwrap_or_default()
 }
 
 /// An operation that failed, or did not finish in time.
@@ -158,6 +236,12 @@ fn open_words(error: &OpenError) -> String {
             SaslCode::Sys | SaslCode::SysTemp => "the broker's login failed for a reason of its own (SASL `sys`); it may pass on a retry".to_owned(),
             SaslCode::Ok => "the SASL exchange ended without a connection".to_owned(),
         },
+        OpenError::NotImplemented(Some(what)) if what.starts_with("the peer does not offer") => {
+            format!(
+                "{}: set `sasl` to one of those (SASL EXTERNAL, the default with a client certificate and no user, needs a certificate login on the broker's acceptor)",
+                what.replacen("the peer", "the broker", 1)
+            )
+        }
         OpenError::NotImplemented(what) => format!(
             "the broker could not complete the SASL exchange{}: does it offer the mechanism set in `sasl` (SASL EXTERNAL needs a certificate login on the broker's acceptor)?",
             what.as_deref().map(|w| format!(" ({w})")).unwrap_or_default()
@@ -165,6 +249,9 @@ fn open_words(error: &OpenError) -> String {
         other => other.to_string(),
     }
 }
+
+/// Why a topic mount cannot attach to RabbitMQ, and what to do instead.
+pub(crate) const RABBITMQ_HAS_NO_TOPICS: &str = "RabbitMQ has no topic source over AMQP 1.0: bind a queue to the exchange and mount the queue (`node = \"queue\"`); that queue is the durable, shared subscription";
 
 /// Why a link could not be attached.
 #[derive(Debug, thiserror::Error)]

@@ -39,6 +39,22 @@ pub enum QueueKind {
     Other(String),
 }
 
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueKind::Classic => f.write_str("classic"),
+            QueueKind::Quorum {
+                delivery_limit: Some(limit),
+            } => write!(f, "quorum (x-delivery-limit {limit})"),
+            QueueKind::Quorum {
+                delivery_limit: None,
+            } => f.write_str("quorum"),
+            QueueKind::Stream => f.write_str("stream"),
+            QueueKind::Other(kind) => write!(f, "{kind}"),
+        }
+    }
+}
+
 /// What is known of the queue behind a mount's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueInfo {

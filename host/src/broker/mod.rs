@@ -17,13 +17,16 @@ mod transaction;
 use std::time::Duration;
 
 pub use connection::{BrokerConnection, BrokerOffers, ConnectOptions};
+pub(crate) use error::RABBITMQ_HAS_NO_TOPICS;
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
 pub use output_message::output_message;
 pub use outputs::{OutputsOn, SenderTarget};
 pub use pool::{BrokerPool, PoolStatus, PooledSession};
 pub use publisher::{Offered, Publisher, PublisherTask};
 pub use send::{Reply, SendOptions, request, send};
-pub use subscription::{Inbound, Received, ReceiverOptions, Subscription, end_subscription};
+pub use subscription::{
+    Inbound, ProbeTarget, Received, ReceiverOptions, Subscription, end_subscription, probe,
+};
 pub use transaction::{Output, Transactions, TransactionsOn};
 pub use wharf_core::endpoint::{Endpoint, redact};
 pub use wharf_core::message;

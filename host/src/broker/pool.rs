@@ -19,6 +19,7 @@ use super::connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 use super::error::{BrokerError, Timed};
 use super::{CLOSE_TIMEOUT, Endpoint};
 use crate::backoff::{Backoff, BackoffPolicy};
+use crate::logging::{Repeats, Tell};
 
 /// How often the pool looks for connections that ended on their own.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
@@ -98,6 +99,7 @@ impl BrokerPool {
             connections: Vec::new(),
             opened: 0,
             failed_until: None,
+            failures: Repeats::default(),
             status: status_tx,
         };
         tokio::spawn(task.run(inbox));
@@ -164,6 +166,8 @@ struct PoolTask {
     opened: u64,
     /// While set, connect attempts are not made: the last one failed.
     failed_until: Option<(Instant, Arc<BrokerError>)>,
+    /// Connect failures, so a repeated one is not logged at every attempt.
+    failures: Repeats,
     status: watch::Sender<PoolStatus>,
 }
 
@@ -254,6 +258,7 @@ impl PoolTask {
         match BrokerConnection::open(&endpoint, &options).await {
             Ok(connection) => {
                 tracing::info!(broker = %endpoint, "connected");
+                self.failures.ended();
                 self.opened += 1;
                 self.backoff.reset();
                 self.failed_until = None;
@@ -270,11 +275,32 @@ impl PoolTask {
                 self.next_endpoint += 1;
                 let error = Arc::new(e);
                 let wait = self.backoff.next_wait();
-                tracing::warn!(error = %error, retry_in = ?wait, "cannot reach the broker");
+                self.tell_unreachable(&error, wait);
                 self.failed_until = Some((Instant::now() + wait, error.clone()));
                 self.publish_status(Some(error.to_string()));
                 Err(error)
             }
+        }
+    }
+
+    /// Logs a failed connect: in full the first time, then a reminder at
+    /// most once a minute while the same failure repeats.
+    fn tell_unreachable(&mut self, error: &BrokerError, wait: Duration) {
+        let retry_in = humantime::format_duration(wait);
+        match self.failures.happened(&error.to_string()) {
+            Tell::First if error.is_permanent() => {
+                tracing::error!(
+                    "{error}. Retrying will not mend this; wharf retries every {retry_in} meanwhile"
+                );
+            }
+            Tell::First => tracing::warn!("{error} (retrying in {retry_in})"),
+            Tell::Again { times, lasting } => {
+                let lasting = humantime::format_duration(Duration::from_secs(lasting.as_secs()));
+                tracing::warn!(
+                    "still cannot connect after {lasting} ({times} more attempts): {error}"
+                );
+            }
+            Tell::Quiet => tracing::debug!("{error} (retrying in {retry_in})"),
         }
     }
 

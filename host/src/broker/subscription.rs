@@ -347,3 +347,81 @@ pub async fn end_subscription(
     connection.close(super::CLOSE_TIMEOUT).await;
     attached?.map(drop)
 }
+
+/// One mount's address as [`probe`] tries it.
+pub struct ProbeTarget<'a> {
+    /// The address the mount consumes from.
+    pub address: &'a str,
+    /// The terminus capability of the mount's node, if it names one.
+    pub capability: Option<&'static str>,
+    /// The mount consumes a topic.
+    pub topic: bool,
+}
+
+/// Connects as a host would, then attaches a receiver without credit to
+/// each target and detaches it again: nothing is consumed, and a topic
+/// gets a volatile subscription, not the mount's durable one. The
+/// connection's error when it cannot open, else what the broker offered
+/// and each attach's result (the error in words), in order.
+pub async fn probe(
+    endpoint: &super::Endpoint,
+    connect: &super::ConnectOptions,
+    targets: &[ProbeTarget<'_>],
+    timeout: std::time::Duration,
+) -> Result<(super::BrokerOffers, Vec<Result<(), String>>), BrokerError> {
+    let mut connection = super::BrokerConnection::open(endpoint, connect).await?;
+    let offers = connection.offers().clone();
+    let mut results = Vec::with_capacity(targets.len());
+    let mut session = None;
+    for (i, target) in targets.iter().enumerate() {
+        if target.topic && offers.is_rabbitmq() {
+            results.push(Err(AttachFailure::Unsupported(
+                super::error::RABBITMQ_HAS_NO_TOPICS,
+            )
+            .to_string()));
+            continue;
+        }
+        // A refused attach may end its session on some brokers: each
+        // failure gets the next target a new one.
+        let begun = match session.take() {
+            Some(session) => Ok(session),
+            None => connection.begin_session().await,
+        };
+        let mut begun = match begun {
+            Ok(session) => session,
+            Err(e) => {
+                results.push(Err(e.to_string()));
+                continue;
+            }
+        };
+        let link_name = format!("{}-probe-{i}", connect.container_id);
+        let options = ReceiverOptions {
+            link_name: &link_name,
+            address: target.address,
+            capability: if target.topic {
+                Some("topic")
+            } else {
+                target.capability
+            },
+            subscription: None,
+            settle: Settle::AtLeastOnce,
+            credit: 0,
+            max_message_size: 0,
+            keep_payloads: false,
+        };
+        match tokio::time::timeout(timeout, Subscription::attach(&mut begun, options)).await {
+            Ok(Ok(subscription)) => {
+                subscription.close(timeout, false).await;
+                results.push(Ok(()));
+                session = Some(begun);
+            }
+            Ok(Err(e)) => results.push(Err(e.to_string())),
+            Err(_) => results.push(Err(format!("no answer within {timeout:?}"))),
+        }
+    }
+    if let Some(mut session) = session {
+        let _ = tokio::time::timeout(super::CLOSE_TIMEOUT, session.end()).await;
+    }
+    connection.close(super::CLOSE_TIMEOUT).await;
+    Ok((offers, results))
+}

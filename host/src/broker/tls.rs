@@ -57,7 +57,15 @@ fn explain(error: io::Error, server_name: &str) -> io::Error {
                 "the broker's certificate is not valid for `{server_name}` (see `tls.server_name`)"
             )
         }
-        other => format!("the broker's certificate was refused: {other:?}"),
+        CertificateError::Revoked => "the broker's certificate has been revoked".to_owned(),
+        CertificateError::BadSignature => "the broker's certificate has a bad signature".to_owned(),
+        CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
+            "the broker's certificate is not for a TLS server (its extended key usage)".to_owned()
+        }
+        CertificateError::BadEncoding => {
+            "the broker's certificate does not parse as X.509 v3".to_owned()
+        }
+        other => format!("the broker's certificate was refused ({other})"),
     };
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -92,8 +100,23 @@ pub fn refused_certificate(error: &fe2o3_amqp::connection::OpenError) -> Option<
         io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "TLS: the broker refused wharf's client certificate, or its absence ({alert:?}; see `tls.cert_file`)"
+                "TLS: the broker refused wharf's client certificate, or its absence (TLS alert `{}`; see `tls.cert_file`)",
+                alert_name(alert)
             ),
         )
     })
+}
+
+/// A TLS alert's name as the TLS specification writes it, e.g.
+/// `certificate_required`.
+fn alert_name(alert: &rustls::AlertDescription) -> String {
+    let camel = format!("{alert:?}");
+    let mut name = String::with_capacity(camel.len() + 4);
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_lowercase());
+    }
+    name
 }

@@ -370,9 +370,9 @@ impl Control {
         match &change.error {
             Some(error) => tracing::error!("config reload failed: {error}"),
             None => tracing::info!(
-                added = ?change.added,
-                removed = ?change.removed,
-                replaced = ?change.replaced,
+                added = change.added.join(", "),
+                removed = change.removed.join(", "),
+                replaced = change.replaced.join(", "),
                 "config reloaded"
             ),
         }

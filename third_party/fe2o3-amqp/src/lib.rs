@@ -220,6 +220,7 @@ mod macros;
 pub(crate) mod control;
 pub(crate) mod endpoint;
 pub(crate) mod util;
+pub(crate) mod words;
 
 pub mod auth;
 pub mod connection;

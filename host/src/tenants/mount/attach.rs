@@ -89,9 +89,7 @@ impl Links {
             return Err(BrokerError::Attach {
                 address: mount.address.clone(),
                 role: "receiver",
-                source: AttachFailure::Unsupported(
-                    "RabbitMQ has no topic source over AMQP 1.0: bind a queue to the exchange and mount the queue (`node = \"queue\"`); that queue is the durable, shared subscription",
-                ),
+                source: AttachFailure::Unsupported(crate::broker::RABBITMQ_HAS_NO_TOPICS),
             });
         }
         // On a durable subscription the receiver's link name is the
@@ -218,11 +216,11 @@ impl Links {
                 .as_ref()
                 .map(|s| format!("{} ({})", s.name, s.kind.as_str())),
             broker = %session.endpoint,
-            queue = queue.as_ref().map(|q| format!("{:?}", q.kind)),
+            queue = queue.as_ref().map(|q| q.kind.to_string()),
             settle = %mount.settle,
             credit = spec.credit(),
-            retry_path = ?policy.retry,
-            delay_path = ?policy.delay,
+            retry_path = policy.retry.as_str(),
+            delay_path = policy.delay.as_str(),
             outputs = outputs_path(&spec, &publisher, session.offers.is_artemis()),
             "mount attached"
         );

@@ -16,7 +16,7 @@ use crate::broker::message::{self, DeliveryContext};
 use crate::config::Settle;
 use crate::events::{Event, Handled};
 use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
-use crate::settlement::{self, Disposition, HandlerResult, Outcome, Publish};
+use crate::settlement::{self, Disposition, HandlerResult, Outcome, Plan, Publish};
 use crate::tenants::budget::Room;
 
 /// Runs the handler on one delivery and carries out the plan for its
@@ -85,7 +85,7 @@ pub(super) async fn handle(
         {
             tracing::warn!(
                 asked_ms = ms,
-                max_retry_delay = ?spec.config.max_retry_delay,
+                max_retry_delay = %humantime::format_duration(spec.config.max_retry_delay),
                 "retry-after delay shortened to the mount's max_retry_delay"
             );
         }
@@ -113,13 +113,10 @@ pub(super) async fn handle(
             spec.note_modified(&message, attempt);
         }
         spec.metrics.handled(outcome, settled.disposition, took);
+        let fate = fate(outcome, result.as_ref().err(), &plan, settled.disposition);
         match &settled.error {
-            Some(error) => {
-                tracing::error!(?outcome, disposition = ?settled.disposition, error, "settlement incomplete");
-            }
-            None => {
-                tracing::debug!(?outcome, disposition = ?settled.disposition, publish = ?plan.publish(), "handled");
-            }
+            Some(error) => tracing::error!("{fate}; but the settlement is incomplete: {error}"),
+            None => tracing::debug!(%outcome, fate, "handled"),
         }
         let _ = spec.events.send(Event::Handled(Handled {
             tenant: spec.tags.tenant.clone(),
@@ -186,10 +183,57 @@ fn log_unsupported(context: &MountContext, outcome: Outcome) {
         "AckError::Unsupported: the mount is at-most-once, the delivery was settled on receipt";
     if first {
         tracing::warn!(
-            ?outcome,
+            %outcome,
             "{note} (logged once per mount; later ones at debug level)"
         );
     } else {
-        tracing::debug!(?outcome, "{note}");
+        tracing::debug!(%outcome, "{note}");
     }
+}
+
+/// What became of a delivery, as a sentence: what the handler said, and
+/// what the host did about it on the broker.
+fn fate(
+    outcome: Outcome,
+    failure: Option<&crate::sandbox::Failure>,
+    plan: &Plan,
+    disposition: Option<Disposition>,
+) -> String {
+    let said = match (failure, outcome) {
+        (Some(failure), _) => format!(
+            "the handler failed ({}), which counts as a retry",
+            failure.kind()
+        ),
+        (None, Outcome::Ack) => "acked".to_owned(),
+        (None, Outcome::Retry) => "asked for a retry".to_owned(),
+        (None, Outcome::RetryAfter(delay)) => {
+            format!(
+                "asked for a retry after {}",
+                humantime::format_duration(delay)
+            )
+        }
+        (None, Outcome::Drop) => "dropped it".to_owned(),
+    };
+    let settled = match disposition {
+        Some(Disposition::Accepted) => "accepted",
+        Some(Disposition::Modified) => "handed back for redelivery (modified)",
+        Some(Disposition::Rejected) => "rejected",
+        Some(Disposition::Released) => "released",
+        None => "settled on receipt (at most once)",
+    };
+    let did = match plan.publish() {
+        Some(Publish::DeadLetter) => {
+            format!("attempts used up: it went to the dead-letter address and was {settled}")
+        }
+        Some(Publish::Outputs) => format!("its outputs were published and it was {settled}"),
+        Some(Publish::Copy { path, .. }) => {
+            let waits = match path {
+                crate::settlement::DelayPath::Scheduled => "scheduled on the broker",
+                crate::settlement::DelayPath::Held => "held by the host",
+            };
+            format!("a copy is due then ({waits}) and the original was {settled}")
+        }
+        None => format!("it was {settled}"),
+    };
+    format!("{said}; {did}")
 }

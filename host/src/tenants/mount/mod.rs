@@ -30,6 +30,7 @@ use crate::broker::message::{AmqpMessage, RetryKey};
 use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
 use crate::config::{Broker, Mount};
 use crate::events::Event;
+use crate::logging::{Repeats, Tell};
 use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owners};
 use crate::settlement::Counters;
 pub(crate) use attach::AttachedMount;
@@ -385,6 +386,8 @@ pub(crate) async fn supervise(
         first,
         stop: stop.clone(),
         health,
+        permanent: false,
+        repeats: Repeats::default(),
     };
     supervisor::supervise(&mut mount, policy, &stop).await;
 }
@@ -395,6 +398,9 @@ struct SupervisedMount {
     first: Option<AttachedMount>,
     stop: CancellationToken,
     health: Arc<Health>,
+    /// The last attach failed in a way retrying cannot mend.
+    permanent: bool,
+    repeats: Repeats,
 }
 
 impl Supervised for SupervisedMount {
@@ -403,15 +409,15 @@ impl Supervised for SupervisedMount {
     async fn attach(&mut self) -> Result<AttachedMount, String> {
         match self.first.take() {
             Some(attached) => Ok(attached),
-            None => self
-                .spec
-                .attach(&self.pool)
-                .await
-                .map_err(|e| e.to_string()),
+            None => self.spec.attach(&self.pool).await.map_err(|e| {
+                self.permanent = e.is_permanent();
+                e.to_string()
+            }),
         }
     }
 
     async fn run(&mut self, attached: AttachedMount) -> Option<String> {
+        self.permanent = false;
         attached
             .run(self.stop.clone())
             .await
@@ -420,30 +426,85 @@ impl Supervised for SupervisedMount {
     }
 
     fn report(&mut self, state: State) {
-        report(&self.spec, &state);
-        let tags = &self.spec.tags;
-        self.health.set_mount(&tags.tenant, &tags.mount, &state);
+        let spec = self.spec.clone();
+        let tags = &spec.tags;
+        match &state {
+            State::BackingOff { error, wait } => {
+                spec.metrics.link_down();
+                self.tell_down(error, *wait);
+                let _ = spec.events.send(Event::MountDown {
+                    tenant: tags.tenant.clone(),
+                    mount: tags.mount.clone(),
+                    error: error.clone(),
+                });
+            }
+            State::Up => {
+                spec.metrics.link_up(true);
+                if let Some(lasted) = self.repeats.ended() {
+                    tracing::info!(
+                        tenant = &*tags.tenant,
+                        mount = &*tags.mount,
+                        "mount up again after {}",
+                        humantime::format_duration(whole_seconds(lasted))
+                    );
+                }
+            }
+            State::Attaching | State::Stopped => spec.metrics.link_up(false),
+        }
+        self.health
+            .set_mount(&tags.tenant, &tags.mount, &state, self.permanent);
     }
 }
 
-fn report(spec: &MountSpec, state: &State) {
-    let tags = &spec.tags;
-    match state {
-        State::BackingOff { error, wait } => {
-            spec.metrics.link_down();
-            tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
-                retry_in = ?wait,
-                "mount down: {error}"
-            );
-            let _ = spec.events.send(Event::MountDown {
-                tenant: tags.tenant.clone(),
-                mount: tags.mount.clone(),
-                error: error.clone(),
-            });
+impl SupervisedMount {
+    /// Logs the mount going down: in full the first time, at `error` level
+    /// when retrying cannot mend it, then a reminder at most once a minute
+    /// while the same failure repeats.
+    fn tell_down(&mut self, error: &str, wait: Duration) {
+        let tags = &self.spec.tags;
+        let (tenant, mount) = (&*tags.tenant, &*tags.mount);
+        let retry_in = humantime::format_duration(wait);
+        match (self.repeats.happened(error), self.permanent) {
+            (Tell::First, true) => tracing::error!(
+                tenant,
+                mount,
+                "mount down: {error}. Retrying will not mend this until the config or the broker changes; wharf retries every {retry_in} meanwhile and reminds once a minute"
+            ),
+            (Tell::First, false) => {
+                tracing::warn!(
+                    tenant,
+                    mount,
+                    "mount down: {error} (retrying in {retry_in})"
+                );
+            }
+            (Tell::Again { times, lasting }, permanent) => {
+                let lasting = humantime::format_duration(whole_seconds(lasting));
+                if permanent {
+                    tracing::error!(
+                        tenant,
+                        mount,
+                        "mount still down for {lasting} ({times} more attempts): {error}"
+                    );
+                } else {
+                    tracing::warn!(
+                        tenant,
+                        mount,
+                        "mount still down for {lasting} ({times} more attempts): {error}"
+                    );
+                }
+            }
+            (Tell::Quiet, _) => {
+                tracing::debug!(
+                    tenant,
+                    mount,
+                    "mount down: {error} (retrying in {retry_in})"
+                );
+            }
         }
-        State::Up => spec.metrics.link_up(true),
-        State::Attaching | State::Stopped => spec.metrics.link_up(false),
     }
+}
+
+/// A duration to the second, as a person reads it in a log line.
+fn whole_seconds(lasted: Duration) -> Duration {
+    Duration::from_secs(lasted.as_secs())
 }

@@ -625,9 +625,9 @@ where
                                     | ConnectionState::OpenPipe => {
                                         if let Err(_err) = self.on_control(ConnectionControl::Close(None)).await {
                                             #[cfg(feature = "tracing")]
-                                            tracing::error!("err {:?}", _err);
+                                            tracing::error!("while closing the connection: {}", _err);
                                             #[cfg(feature = "log")]
-                                            log::error!("err {:?}", _err);
+                                            log::error!("while closing the connection: {}", _err);
                                         }
                                     }
                                     ConnectionState::Discarding
@@ -640,9 +640,9 @@ where
                                             },
                                             Some(Err(_err)) => {
                                                 #[cfg(feature = "tracing")]
-                                                tracing::error!("err {:?}", _err);
+                                                tracing::error!("while closing the connection: {}", _err);
                                                 #[cfg(feature = "log")]
-                                                log::error!("err {:?}", _err);
+                                                log::error!("while closing the connection: {}", _err);
                                             },
                                             None => break
                                         }
@@ -673,9 +673,9 @@ where
                 Ok(running) => running,
                 Err(error) => {
                     #[cfg(feature = "tracing")]
-                    tracing::error!("{:?}", error);
+                    tracing::error!("connection failed: {}", error);
                     #[cfg(feature = "log")]
-                    log::error!("{:?}", error);
+                    log::error!("connection failed: {}", error);
                     // let running = self.on_error(&error).await;
                     match self.on_error(&error).await {
                         Ok(running) => {
@@ -685,9 +685,9 @@ where
                         Err(error) => {
                             // Stop the session if error cannot be handled
                             #[cfg(feature = "tracing")]
-                            tracing::error!("Unable to handle error {:?}", error);
+                            tracing::error!("connection stopped: {}", error);
                             #[cfg(feature = "log")]
-                            log::error!("Unable to handle error {:?}", error);
+                            log::error!("connection stopped: {}", error);
                             outcome = Err(error);
                             Running::Stop
                         }

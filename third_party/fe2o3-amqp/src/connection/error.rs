@@ -19,7 +19,7 @@ cfg_scram! {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// IO error
-    #[error("IO Error {0:?}")]
+    #[error("{}", crate::words::io(.0))]
     Io(#[from] io::Error),
 
     /// Error parsing the url
@@ -47,7 +47,7 @@ pub enum OpenError {
     ProtocolHeaderMismatch(Bytes),
 
     /// SASL negotiation failed
-    #[error("SASL error code {:?}, additional data: {:?}", .code, .additional_data)]
+    #[error("SASL {}", crate::words::sasl_code(.code))]
     SaslError {
         /// SASL outcome code
         code: SaslCode,
@@ -66,7 +66,7 @@ pub enum OpenError {
     IllegalState,
 
     /// Not implemented
-    #[error("Not implemented")]
+    #[error("not implemented{}", crate::words::detail(.0))]
     NotImplemented(Option<String>),
 
     /// Decode error
@@ -78,11 +78,11 @@ pub enum OpenError {
     TransportError(#[from] transport::Error),
 
     /// Remote peer closed connection during openning process
-    #[error("Remote peer closed")]
+    #[error("the peer closed the connection")]
     RemoteClosed,
 
     /// Remote peer closed connection with error during openning process
-    #[error("Remote peer closed connection with error {}", .0)]
+    #[error("the peer closed the connection: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 }
 
@@ -123,11 +123,11 @@ pub(crate) enum ConnectionStateError {
     IllegalState,
 
     /// Remote peer closed connection
-    #[error("Remote peer closed")]
+    #[error("the peer closed the connection")]
     RemoteClosed,
 
     /// Remote peer closed connection with error
-    #[error("Remote peer closed connection with error {}", .0)]
+    #[error("the peer closed the connection: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 
     /// Transport error
@@ -160,19 +160,19 @@ pub(crate) enum ConnectionInnerError {
     IllegalState,
 
     /// Not implemented
-    #[error("Not implemented {:?}", .0)]
+    #[error("not implemented{}", crate::words::detail(.0))]
     NotImplemented(Option<String>),
 
     /// Not found
-    #[error("Not found {:?}", .0)]
+    #[error("not found{}", crate::words::detail(.0))]
     NotFound(Option<String>),
 
     /// Remote peer closed connection
-    #[error("Remote peer closed")]
+    #[error("the peer closed the connection")]
     RemoteClosed,
 
     /// Remote peer closed connection with error
-    #[error("Remote peer closed connection with error {}", .0)]
+    #[error("the peer closed the connection: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 }
 
@@ -208,23 +208,23 @@ pub enum Error {
     IllegalState,
 
     /// Not implemented
-    #[error("Not implemented {:?}", .0)]
+    #[error("not implemented{}", crate::words::detail(.0))]
     NotImplemented(Option<String>),
 
     /// Session is not found
-    #[error("Not found {:?}", .0)]
+    #[error("not found{}", crate::words::detail(.0))]
     NotFound(Option<String>),
 
     /// Not allowed
-    #[error("Not allowd {:?}", .0)]
+    #[error("not allowed{}", crate::words::detail(.0))]
     NotAllowed(Option<String>),
 
     /// Remote peer closed connection
-    #[error("Remote peer closed")]
+    #[error("the peer closed the connection")]
     RemoteClosed,
 
     /// Remote peer closed connection with error
-    #[error("Remote peer closed connection with error {}", .0)]
+    #[error("the peer closed the connection: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 
     /// This could occur only when the user attempts to close the connection
@@ -264,7 +264,7 @@ pub(crate) enum AllocSessionError {
     ConnectionNotOpened,
 
     /// The connection stopped before the session was allocated
-    #[error("The connection stopped: {:?}", .0)]
+    #[error("{}", .0)]
     ConnectionStopped(ConnectionStopReason),
 
     #[error("Reached connection channel max")]

@@ -4,7 +4,7 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// IO error
-    #[error("IO Error {0:?}")]
+    #[error("{}", crate::words::io(.0))]
     Io(#[from] io::Error),
 
     /// AMQP error: decode error

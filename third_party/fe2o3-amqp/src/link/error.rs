@@ -99,14 +99,14 @@ pub enum DetachError {
     IllegalState,
 
     /// The session (or its connection) stopped before the link was detached
-    #[error("The session stopped before the link was detached: {:?}", .0)]
+    #[error("{}", .0)]
     SessionStopped(SessionStopReason),
 
     // /// Expecting a detach but found other frame
     // #[error("Expecting a Detach")]
     // NonDetachFrameReceived,
     /// Remote peer detached with error
-    #[error("Remote detached with an error: {}", .0)]
+    #[error("the peer detached the link: {}", crate::words::amqp_error(.0))]
     RemoteDetachedWithError(definitions::Error),
 
     /// The remote peer closed the link with a closing detach (`closed=true`).
@@ -114,7 +114,7 @@ pub enum DetachError {
     /// When the closing detach answers a non-closing detach from this side, the
     /// link is reattached and then closed, completing the handshake (AMQP 1.0
     /// §2.6.6). The link is left `Closed`.
-    #[error("Link closed by remote")]
+    #[error("the peer closed the link")]
     ClosedByRemote,
 
     /// Remote peer sent a non-closing detach when the local terminus is sending a closing detach
@@ -126,7 +126,7 @@ pub enum DetachError {
     DetachedByRemote,
 
     /// Remote peer closed the link with an error
-    #[error("Remote peer closed the link with an error: {}", .0)]
+    #[error("the peer closed the link: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 }
 
@@ -156,12 +156,12 @@ impl DetachError {
 pub(crate) enum ApplyRemoteDetachError {
     /// The outcome *was* recorded (the link is now `Detached`, handle
     /// released); the peer's detach carried this error.
-    #[error("Remote detached with an error: {}", .0)]
+    #[error("the peer detached the link: {}", crate::words::amqp_error(.0))]
     RemoteDetachedWithError(definitions::Error),
 
     /// The outcome *was* recorded (the link is now `Closed`, handle
     /// released); the peer's closing detach carried this error.
-    #[error("Remote peer closed the link with an error: {}", .0)]
+    #[error("the peer closed the link: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 
     /// The outcome was *not* recorded: the link is `Unattached`, already
@@ -202,7 +202,7 @@ impl From<ApplyRemoteDetachError> for LinkStateError {
 #[derive(Debug, thiserror::Error)]
 pub enum SenderAttachError {
     /// The session (or its connection) stopped before the attach completed
-    #[error("The session stopped before the link was attached: {:?}", .0)]
+    #[error("{}", .0)]
     SessionStopped(SessionStopReason),
 
     /// The session is not in the `Mapped` state (e.g. not begun, or ending)
@@ -275,7 +275,7 @@ pub enum SenderAttachError {
     DesireTxnCapabilitiesNotSupported,
 
     /// Remote peer closed the link with an error
-    #[error("Remote peer closed with error {:?}", .0)]
+    #[error("the peer refused the link: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 }
 
@@ -316,11 +316,11 @@ impl std::error::Error for MessageSizeExceeded {}
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     /// Errors found in link state
-    #[error("Local error: {:?}", .0)]
+    #[error("{}", .0)]
     LinkStateError(#[from] LinkStateError),
 
     /// The remote peer detached with error
-    #[error("Link is detached {:?}", .0)]
+    #[error("{}", .0)]
     Detached(DetachError),
 
     /// A non-terminal delivery state is received while expecting
@@ -407,8 +407,12 @@ impl std::fmt::Display for DesiredFilterNotSupported {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Desired filter(s) {:?} are not supported.",
+            "the peer does not support the filter(s) {}",
             self.not_supported
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
 }
@@ -419,7 +423,7 @@ impl std::error::Error for DesiredFilterNotSupported {}
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiverAttachError {
     /// The session (or its connection) stopped before the attach completed
-    #[error("The session stopped before the link was attached: {:?}", .0)]
+    #[error("{}", .0)]
     SessionStopped(SessionStopReason),
 
     /// The session is not in the `Mapped` state (e.g. not begun, or ending)
@@ -478,11 +482,11 @@ pub enum ReceiverAttachError {
     DynamicNodePropertiesIsSomeWhenDynamicIsFalse,
 
     /// Remote peer closed the link with an error
-    #[error("Remote peer closed with error {:?}", .0)]
+    #[error("the peer refused the link: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 
     /// The desired filter(s) on the receiver is not supported by the remote peer
-    #[error("{:?}", .0)]
+    #[error("{}", .0)]
     DesiredFilterNotSupported(#[from] DesiredFilterNotSupported),
 }
 
@@ -611,23 +615,23 @@ pub enum LinkStateError {
     IllegalState,
 
     /// The session (or its connection) stopped before the link was detached or closed
-    #[error("The session stopped before the link was detached or closed: {:?}", .0)]
+    #[error("{}", .0)]
     SessionStopped(SessionStopReason),
 
     /// Remote peer detached
-    #[error("Remote detached")]
+    #[error("the peer detached the link")]
     RemoteDetached,
 
     /// Remote peer detached with error
-    #[error("Remote detached with an error: {}", .0)]
+    #[error("the peer detached the link: {}", crate::words::amqp_error(.0))]
     RemoteDetachedWithError(definitions::Error),
 
     /// Remote peer closed
-    #[error("Remote closed")]
+    #[error("the peer closed the link")]
     RemoteClosed,
 
     /// Remote peer closed the link with an error
-    #[error("Remote peer closed the link with an error: {}", .0)]
+    #[error("the peer closed the link: {}", crate::words::amqp_error(.0))]
     RemoteClosedWithError(definitions::Error),
 
     /// The link is expected to be detached immediately but didn't receive
@@ -723,7 +727,7 @@ impl std::error::Error for MessageDecodeError {}
 #[derive(Debug, thiserror::Error)]
 pub enum RecvError {
     /// Errors found in link state
-    #[error("Local error: {:?}", .0)]
+    #[error("{}", .0)]
     LinkStateError(LinkStateError),
 
     /// The peer sent more message transfers than currently allowed on the link.
@@ -814,7 +818,7 @@ pub enum IllegalLinkStateError {
     IllegalState,
 
     /// The session (or its connection) stopped before the link was detached or closed
-    #[error("The session stopped before the link was detached or closed: {:?}", .0)]
+    #[error("{}", .0)]
     SessionStopped(SessionStopReason),
 }
 

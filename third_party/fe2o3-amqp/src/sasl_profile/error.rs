@@ -5,7 +5,7 @@ use crate::auth::error::ScramErrorKind;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// AMQP error: not implemented
-    #[error("Not implemented {0:?}")]
+    #[error("not implemented{}", crate::words::detail(.0))]
     NotImplemented(Option<String>),
 
     /// Error with SCRAM

@@ -176,9 +176,20 @@ impl SaslProfile {
                     };
                     Ok(Negotiation::Init(init))
                 } else {
+                    let offered: Vec<&str> = mechanisms
+                        .sasl_server_mechanisms
+                        .0
+                        .iter()
+                        .map(|m| m.as_str())
+                        .collect();
                     Err(Error::NotImplemented(Some(format!(
-                        "{:?} is not supported",
-                        mechanism
+                        "the peer does not offer SASL {}; it offers {}",
+                        mechanism.as_str(),
+                        if offered.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            offered.join(", ")
+                        }
                     ))))
                 }
             }

@@ -651,7 +651,7 @@ where
                                     | SessionState::EndReceived => {
                                         if let Err(_err) = self.on_control(SessionControl::End(None)).await {
                                             #[cfg(feature = "tracing")]
-                                            tracing::error!("err {:?}", _err);
+                                            tracing::error!("while ending the session: {}", _err);
                                             #[cfg(feature = "log")]
                                             log::error!("err {:?}", _err);
                                         }
@@ -698,7 +698,7 @@ where
                     // with the connection) rather than as an unexpected error.
                     if !matches!(error, SessionInnerError::ConnectionStopped(_)) {
                         #[cfg(feature = "tracing")]
-                        tracing::error!("{:?}", error);
+                        tracing::error!("session failed: {}", error);
                         #[cfg(feature = "log")]
                         log::error!("{:?}", error);
                     }

@@ -17,7 +17,7 @@ pub(crate) enum SessionStateError {
     IllegalState,
 
     /// The connection stopped before the operation completed
-    #[error("The connection stopped: {:?}", .0)]
+    #[error("{}", .0)]
     ConnectionStopped(ConnectionStopReason),
 
     /// Remote session ended
@@ -25,7 +25,7 @@ pub(crate) enum SessionStateError {
     RemoteEnded,
 
     /// Remote session ended with error
-    #[error("Remote ended with error")]
+    #[error("the peer ended the session: {}", crate::words::amqp_error(.0))]
     RemoteEndedWithError(definitions::Error),
 }
 
@@ -37,7 +37,7 @@ pub enum BeginError {
     IllegalState,
 
     /// The connection stopped before the operation completed
-    #[error("The connection stopped: {:?}", .0)]
+    #[error("{}", .0)]
     ConnectionStopped(ConnectionStopReason),
 
     /// The connection has not been opened yet
@@ -49,7 +49,7 @@ pub enum BeginError {
     RemoteEnded,
 
     /// Remote session ended with error
-    #[error("Remote ended with error")]
+    #[error("the peer ended the session: {}", crate::words::amqp_error(.0))]
     RemoteEndedWithError(definitions::Error),
 
     /// Channel max reached
@@ -97,7 +97,7 @@ pub(crate) enum SessionInnerError {
     IllegalState,
 
     /// The connection stopped before the operation completed
-    #[error("The connection stopped: {:?}", .0)]
+    #[error("{}", .0)]
     ConnectionStopped(ConnectionStopReason),
 
     /// Found a Transfer frame sent to a Sender
@@ -109,7 +109,7 @@ pub(crate) enum SessionInnerError {
     RemoteEnded,
 
     /// Remote session ended with error
-    #[error("Remote ended with error")]
+    #[error("the peer ended the session: {}", crate::words::amqp_error(.0))]
     RemoteEndedWithError(definitions::Error),
 
     /// Unknown transaction ID
@@ -160,7 +160,7 @@ pub enum Error {
     IllegalState,
 
     /// The connection stopped before the operation completed
-    #[error("The connection stopped: {:?}", .0)]
+    #[error("{}", .0)]
     ConnectionStopped(ConnectionStopReason),
 
     /// Found a Transfer frame sent to a Sender
@@ -172,7 +172,7 @@ pub enum Error {
     RemoteEnded,
 
     /// Remote session ended with error
-    #[error("Remote ended with error")]
+    #[error("the peer ended the session: {}", crate::words::amqp_error(.0))]
     RemoteEndedWithError(definitions::Error),
 
     /// Unknown transaction ID
@@ -256,7 +256,7 @@ pub(crate) enum AllocLinkError {
     #[error("The session is not in a state that permits link allocation")]
     SessionNotMapped,
 
-    #[error("The session stopped before the link was attached: {:?}", .0)]
+    #[error("the link could not be attached: {}", .0)]
     SessionStopped(crate::link::SessionStopReason),
 
     #[error("Link name must be unique")]

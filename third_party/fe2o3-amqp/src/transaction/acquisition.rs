@@ -170,7 +170,7 @@ where
                 true
             ) {
                 #[cfg(feature = "tracing")]
-                tracing::error!("error {:?}", _err);
+                tracing::error!("transaction failed: {}", _err);
                 #[cfg(feature = "log")]
                 log::error!("error {:?}", _err);
             }

@@ -92,15 +92,15 @@ cfg_acceptor! {
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerSendError {
     /// Errors found in link state
-    #[error("Local error: {:?}", .0)]
+    #[error("{}", .0)]
     LinkStateError(#[from] LinkStateError),
 
     /// The remote peer detached with error
-    #[error("Link is detached {:?}", .0)]
+    #[error("{}", .0)]
     Detached(DetachError),
 
     /// The message was rejected
-    #[error("Outcome Rejected: {:?}", .0)]
+    #[error("rejected{}", .0.error.as_ref().map(|e| format!(": {}", crate::words::amqp_error(e))).unwrap_or_default())]
     Rejected(Rejected),
 
     /// A non-terminal delivery state is received while expecting
@@ -207,11 +207,11 @@ impl From<IllegalLinkStateError> for OwnedDischargeError {
 #[derive(Debug, thiserror::Error)]
 pub enum PostError {
     /// Errors found in link state
-    #[error("Local error: {:?}", .0)]
+    #[error("{}", .0)]
     LinkStateError(#[from] LinkStateError),
 
     /// The remote peer detached with error
-    #[error("Link is detached {:?}", .0)]
+    #[error("{}", .0)]
     Detached(DetachError),
 
     /// A non-terminal delivery state is received while expecting

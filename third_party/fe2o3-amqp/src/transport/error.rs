@@ -13,7 +13,7 @@ cfg_scram! {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// IO error
-    #[error("IO Error {0:?}")]
+    #[error("{}", crate::words::io(.0))]
     Io(#[from] io::Error),
 
     /// Idle timeout
@@ -25,7 +25,7 @@ pub enum Error {
     DecodeError(String),
 
     /// Not implemented
-    #[error("Not implemented")]
+    #[error("not implemented{}", crate::words::detail(.0))]
     NotImplemented(Option<String>),
 
     /// Connection error: framing error
@@ -54,7 +54,7 @@ impl From<frames::Error> for Error {
 
 #[derive(Debug, thiserror::Error)]
 pub enum NegotiationError {
-    #[error("IO Error {0:?}")]
+    #[error("{}", crate::words::io(.0))]
     Io(#[from] io::Error),
 
     #[error("Protocol header mismatch {0:?}")]
@@ -66,13 +66,13 @@ pub enum NegotiationError {
     #[error("Decode error")]
     DecodeError(String),
 
-    #[error("Not implemented")]
+    #[error("not implemented{}", crate::words::detail(.0))]
     NotImplemented(Option<String>),
 
     #[error("Illegal state")]
     IllegalState,
 
-    #[error("SASL error code {:?}, additional data: {:?}", .code, .additional_data)]
+    #[error("SASL {}", crate::words::sasl_code(.code))]
     SaslError {
         code: SaslCode,
         additional_data: Option<Binary>,
