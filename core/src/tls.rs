@@ -160,7 +160,7 @@ fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError::File {
         key,
         path: path.to_owned(),
-        reason: format!("cannot read it: {e}"),
+        reason: format!("cannot read it: {}", crate::words::io(&e)),
     })
 }
 

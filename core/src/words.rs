@@ -39,15 +39,40 @@ pub fn outcome(outcome: &Outcome) -> String {
     }
 }
 
+/// An I/O error as a person reads it: the system's words without the
+/// errno's number, e.g. `No such file or directory`.
+pub fn io(error: &std::io::Error) -> String {
+    without_errno(&error.to_string())
+}
+
+/// `text` without the ` (os error N)` std appends to system errors.
+pub fn without_errno(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(" (os error ") {
+        let after = &rest[at + " (os error ".len()..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        if digits > 0 && after[digits..].starts_with(')') {
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(" (os error ");
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// An error and its causes in one line, `error: cause: cause`, each cause
 /// once: a cause whose text the line already holds (an error that quotes
-/// its source, as many do) is not repeated.
+/// its source, as many do) is not repeated. Errno numbers are left out.
 pub fn chain<'a>(
     errors: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>,
 ) -> String {
     let mut line = String::new();
     for error in errors {
-        let text = error.to_string();
+        let text = without_errno(&error.to_string());
         let text = text.trim();
         if text.is_empty() || line.contains(text) {
             continue;
@@ -103,6 +128,17 @@ mod tests {
         );
         let layered = Failed("send failed", Some(Box::new(Failed("no route", None))));
         assert_eq!(chain_of(&layered), "send failed: no route");
+    }
+
+    #[test]
+    fn errno_numbers_are_left_out() {
+        assert_eq!(
+            without_errno("cannot read `x`: No such file or directory (os error 2)"),
+            "cannot read `x`: No such file or directory"
+        );
+        assert_eq!(without_errno("a (os error x)"), "a (os error x)");
+        let missing = std::io::Error::from_raw_os_error(2);
+        assert_eq!(io(&missing), "No such file or directory");
     }
 
     #[test]

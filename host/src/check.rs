@@ -212,39 +212,38 @@ async fn connect_all(config: &Config) -> anyhow::Result<()> {
             }
         };
         for ((tenant, mount), result) in mounts.iter().zip(results) {
+            let refused = result.is_err();
             rows.push((
-                format!("{}/{}", tenant.name, mount.name),
-                endpoint.to_string(),
-                mount.address.clone(),
-                result,
+                [
+                    format!("{}/{}", tenant.name, mount.name),
+                    endpoint.to_string(),
+                    format!("`{}`", mount.address),
+                    result.unwrap_or_else(|why| format!("refused: {why}")),
+                ],
+                refused,
             ));
         }
     }
-    let width = |f: fn(&(String, String, String, Result<String, String>)) -> usize, title: &str| {
-        rows.iter().map(f).max().unwrap_or(0).max(title.len())
+    let titles = ["mount", "broker", "address", "result"];
+    let widths: Vec<usize> = (0..3)
+        .map(|i| {
+            rows.iter()
+                .map(|(row, _)| row[i].len())
+                .fold(titles[i].len(), usize::max)
+        })
+        .collect();
+    let line = |cells: [&str; 4]| {
+        let padded: Vec<String> = (0..3)
+            .map(|i| format!("{:width$}", cells[i], width = widths[i]))
+            .collect();
+        println!("  {}  {}", padded.join("  "), cells[3]);
     };
-    let (w_mount, w_broker, w_address) = (
-        width(|r| r.0.len(), "mount"),
-        width(|r| r.1.len(), "broker"),
-        width(|r| r.2.len() + 2, "address"),
-    );
     println!();
-    println!(
-        "  {:w_mount$}  {:w_broker$}  {:w_address$}  result",
-        "mount", "broker", "address"
-    );
-    let mut refused = 0;
-    for (mount, broker, address, result) in &rows {
-        let result = match result {
-            Ok(ok) => ok.clone(),
-            Err(why) => {
-                refused += 1;
-                format!("refused: {why}")
-            }
-        };
-        let address = format!("`{address}`");
-        println!("  {mount:w_mount$}  {broker:w_broker$}  {address:w_address$}  {result}");
+    line(titles);
+    for (row, _) in &rows {
+        line([&row[0], &row[1], &row[2], &row[3]]);
     }
+    let refused = rows.iter().filter(|(_, refused)| *refused).count();
     anyhow::ensure!(
         refused == 0,
         "{refused} of {} mount(s) cannot attach (see the table above)",

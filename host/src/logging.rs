@@ -128,6 +128,17 @@ impl<'a> MakeWriter<'a> for LogWriter {
     }
 }
 
+/// A duration as a log line gives it: to the millisecond under ten
+/// seconds, else to the second (`94ms`, `1m 2s`).
+pub fn human(duration: Duration) -> String {
+    let rounded = if duration < Duration::from_secs(10) {
+        Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+    } else {
+        Duration::from_secs(duration.as_secs())
+    };
+    humantime::format_duration(rounded).to_string()
+}
+
 /// How often a failure that keeps repeating is told again.
 pub const REMIND_EVERY: Duration = Duration::from_secs(60);
 

@@ -3,6 +3,7 @@
 //! The shared helpers live in the `wharf_tests` library (`tests/src`).
 
 mod artemis;
+mod errors;
 mod faults;
 mod hostile;
 mod hostile_handlers;

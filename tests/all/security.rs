@@ -246,10 +246,25 @@ async fn no_secret_reaches_a_log_an_error_a_metric_or_check() -> anyhow::Result<
     let log = running.stop().await?;
     assert_no_secret(&user, "the log of a working wharf run", &log);
 
-    // wharf run: a password the broker refuses, so errors are logged.
-    let config = TempFile::new("toml", &wrong)?;
+    // wharf run: a password the broker refuses, so errors are logged, once
+    // at error level as one that retrying will not mend, and /readyz says
+    // the mount needs a fix.
+    let refused_admin = free_port()?;
+    let config = TempFile::new(
+        "toml",
+        &format!("{wrong}[admin]\nlisten = \"127.0.0.1:{refused_admin}\"\n"),
+    )?;
     let refused = Logged::start(&config.0).await?;
-    refused.wait_for("the broker refused the login").await?;
+    refused.wait_for("Retrying will not mend this").await?;
+    let (status, body) = get(
+        std::net::SocketAddr::from(([127, 0, 0, 1], refused_admin)),
+        "/readyz",
+        None,
+    )
+    .await?;
+    assert!(status.contains("503"), "{status}");
+    assert!(body.contains("\"needs_a_fix\":true"), "{body}");
+    assert_no_secret(&user, "/readyz of a refused login", &body);
     let log = refused.stop().await?;
     assert_no_secret(&user, "the log of a refused wharf run", &log);
 

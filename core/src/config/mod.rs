@@ -47,7 +47,7 @@ pub enum InstancePolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config file `{path}`: {source}")]
+    #[error("cannot read config file `{path}`: {}", crate::words::io(source))]
     Read {
         /// The config file.
         path: PathBuf,

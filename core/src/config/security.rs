@@ -177,8 +177,9 @@ impl Checker<'_> {
                     self.invalid(
                         file,
                         format!(
-                            "{here}: `{key}_file`: cannot read `{}`: {e}",
-                            path.display()
+                            "{here}: `{key}_file`: cannot read `{}`: {}",
+                            path.display(),
+                            crate::words::io(&e)
                         ),
                     )
                 })?;

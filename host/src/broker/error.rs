@@ -213,15 +213,7 @@ fn socket_words(error: &std::io::Error) -> String {
             "the broker's host cannot be reached from here (no route)".to_owned()
         }
         ErrorKind::UnexpectedEof => "the broker closed the connection".to_owned(),
-        _ => without_errno(&error.to_string()),
-    }
-}
-
-/// `Connection refused (os error 111)` without ` (os error 111)`.
-fn without_errno(text: &str) -> String {
-    match text.rfind(" (os error ") {
-        Some(at) if text.ends_with(')') => text[..at].to_owned(),
-        _ => text.to_owned(),
+        _ => wharf_core::words::io(error),
     }
 }
 
@@ -327,10 +319,6 @@ mod tests {
         assert!(
             text.starts_with("connection refused: nothing listens there"),
             "{text}"
-        );
-        assert_eq!(
-            without_errno("Permission denied (os error 13)"),
-            "Permission denied"
         );
         let reset = OpenError::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(

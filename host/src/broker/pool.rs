@@ -19,7 +19,7 @@ use super::connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 use super::error::{BrokerError, Timed};
 use super::{CLOSE_TIMEOUT, Endpoint};
 use crate::backoff::{Backoff, BackoffPolicy};
-use crate::logging::{Repeats, Tell};
+use crate::logging::{Repeats, Tell, human};
 
 /// How often the pool looks for connections that ended on their own.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
@@ -286,7 +286,7 @@ impl PoolTask {
     /// Logs a failed connect: in full the first time, then a reminder at
     /// most once a minute while the same failure repeats.
     fn tell_unreachable(&mut self, error: &BrokerError, wait: Duration) {
-        let retry_in = humantime::format_duration(wait);
+        let retry_in = human(wait);
         match self.failures.happened(&error.to_string()) {
             Tell::First if error.is_permanent() => {
                 tracing::error!(
@@ -295,7 +295,7 @@ impl PoolTask {
             }
             Tell::First => tracing::warn!("{error} (retrying in {retry_in})"),
             Tell::Again { times, lasting } => {
-                let lasting = humantime::format_duration(Duration::from_secs(lasting.as_secs()));
+                let lasting = human(lasting);
                 tracing::warn!(
                     "still cannot connect after {lasting} ({times} more attempts): {error}"
                 );

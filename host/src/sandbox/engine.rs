@@ -122,7 +122,7 @@ impl Sandbox {
     pub fn load(&self, path: &Path) -> Result<Module, LoadError> {
         let bytes = std::fs::read(path).map_err(|e| LoadError {
             path: path.to_owned(),
-            reason: format!("cannot be read: {e}"),
+            reason: format!("cannot be read: {}", wharf_core::words::io(&e)),
         })?;
         let digest = format!("{:x}", Sha256::digest(&bytes));
         if let Some(compiled) = self.cached(&digest) {

@@ -71,11 +71,29 @@ impl Failure {
         match error.downcast_ref::<Trap>() {
             Some(Trap::StackOverflow) => Failure::StackOverflow,
             Some(Trap::Interrupt) => Failure::Timeout(timeout),
-            Some(_) => otherwise(format!("{error:?}")),
-            None if is_lift_error(error) => Failure::InvalidOutcome(format!("{error:?}")),
-            None => otherwise(format!("{error:?}")),
+            Some(trap) => otherwise(trap_words(error, *trap)),
+            None if is_lift_error(error) => {
+                Failure::InvalidOutcome(wharf_core::words::chain(error.chain()))
+            }
+            None => otherwise(wharf_core::words::chain(error.chain())),
         }
     }
+}
+
+/// A trap in words on its first line (what the guest did, and for
+/// `unreachable` what that usually means), the wasm backtrace after it.
+fn trap_words(error: &wasmtime::Error, trap: Trap) -> String {
+    let mut text = trap
+        .to_string()
+        .trim_start_matches("wasm trap: ")
+        .to_owned();
+    if trap == Trap::UnreachableCodeReached {
+        text.push_str(" (the handler panicked or aborted; its stderr says why)");
+    }
+    if let Some(backtrace) = error.downcast_ref::<wasmtime::WasmBacktrace>() {
+        text.push_str(&format!("\n{backtrace}"));
+    }
+    text
 }
 
 /// A return value that cannot be lifted into an `outcome` (a bad variant
@@ -165,8 +183,18 @@ impl Module {
                 "is not WebAssembly (it does not start with the `\\0asm` header): `module` must name a compiled component, such as `target/wasm32-wasip2/release/<name>.wasm`".to_owned(),
             ));
         }
-        let component = Component::new(engine, bytes)
-            .map_err(|e| fail(format!("is not a valid wasm component: {e:?}")))?;
+        // The version field after the header: 1 for a core module.
+        if bytes.get(4..8) == Some(&[1, 0, 0, 0]) {
+            return Err(fail(
+                "is a core WebAssembly module, not a component: build it for `wasm32-wasip2`, or wrap it with `wharf componentize`".to_owned(),
+            ));
+        }
+        let component = Component::new(engine, bytes).map_err(|e| {
+            fail(format!(
+                "is not a valid wasm component: {}",
+                wharf_core::words::chain(e.chain())
+            ))
+        })?;
         // A component whose core modules are imported cannot be measured;
         // count it at the most a component may take.
         let (needs, initial_memory) = match component.resources_required() {

@@ -30,7 +30,7 @@ use crate::broker::message::{AmqpMessage, RetryKey};
 use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
 use crate::config::{Broker, Mount};
 use crate::events::Event;
-use crate::logging::{Repeats, Tell};
+use crate::logging::{Repeats, Tell, human};
 use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owners};
 use crate::settlement::Counters;
 pub(crate) use attach::AttachedMount;
@@ -445,7 +445,7 @@ impl Supervised for SupervisedMount {
                         tenant = &*tags.tenant,
                         mount = &*tags.mount,
                         "mount up again after {}",
-                        humantime::format_duration(whole_seconds(lasted))
+                        human(lasted)
                     );
                 }
             }
@@ -463,7 +463,7 @@ impl SupervisedMount {
     fn tell_down(&mut self, error: &str, wait: Duration) {
         let tags = &self.spec.tags;
         let (tenant, mount) = (&*tags.tenant, &*tags.mount);
-        let retry_in = humantime::format_duration(wait);
+        let retry_in = human(wait);
         match (self.repeats.happened(error), self.permanent) {
             (Tell::First, true) => tracing::error!(
                 tenant,
@@ -478,7 +478,7 @@ impl SupervisedMount {
                 );
             }
             (Tell::Again { times, lasting }, permanent) => {
-                let lasting = humantime::format_duration(whole_seconds(lasting));
+                let lasting = human(lasting);
                 if permanent {
                     tracing::error!(
                         tenant,
@@ -502,9 +502,4 @@ impl SupervisedMount {
             }
         }
     }
-}
-
-/// A duration to the second, as a person reads it in a log line.
-fn whole_seconds(lasted: Duration) -> Duration {
-    Duration::from_secs(lasted.as_secs())
 }
