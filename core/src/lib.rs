@@ -19,4 +19,5 @@ pub mod message;
 pub mod retry_key;
 pub mod settlement;
 pub mod tls;
+pub mod trace;
 pub mod words;

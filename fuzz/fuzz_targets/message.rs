@@ -1,13 +1,15 @@
 //! A transfer's payload, as any publisher may write it, through everything
 //! the host does with a message: the limits check, decoding, the handler's
-//! view (JSON rendering included), counters, copies, re-encoding, and the
-//! annotation a dead letter gets. Nothing may panic or recurse past the
-//! limits; what decodes must encode and decode to the same message.
+//! view (JSON rendering included), counters, copies, re-encoding, the
+//! annotation a dead letter gets, and the trace context. Nothing may panic
+//! or recurse past the limits; what decodes must encode and decode to the
+//! same message.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use wharf_core::message::{self, AmqpMessage, DeliveryContext, limits};
+use wharf_core::trace::TraceContext;
 
 fuzz_target!(|payload: &[u8]| {
     let checked = limits::check(payload, limits::ValueLimits::DEFAULT);
@@ -45,5 +47,12 @@ fuzz_target!(|payload: &[u8]| {
     }
     if let Ok(encoded) = copy.encode() {
         AmqpMessage::decode(&encoded).expect("a copy decodes");
+    }
+    // A trace context found is carried on a copy, and read back first.
+    if let Ok(Some(context)) = TraceContext::of(&decoded) {
+        let child = context.child();
+        let mut carrying = copy;
+        carrying.set_trace(&child);
+        assert_eq!(TraceContext::of(&carrying), Ok(Some(child)));
     }
 });

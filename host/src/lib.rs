@@ -22,4 +22,4 @@ pub mod settlement;
 pub mod tenants;
 
 pub use tenants::{Host, HostError, RunningHost};
-pub use wharf_core::{backoff, config, grants, words};
+pub use wharf_core::{backoff, config, grants, trace, words};

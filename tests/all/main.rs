@@ -21,5 +21,6 @@ mod shutdown;
 mod tenants;
 mod tls;
 mod topics;
+mod trace_context;
 
 pub(crate) use wharf_tests::*;

@@ -61,6 +61,7 @@ pub struct Metrics {
     abandoned: Family<MountLabels, Counter>,
     refused: Family<MountLabels, Counter>,
     outputs_undeliverable: Family<MountLabels, Counter>,
+    trace_context_malformed: Family<MountLabels, Counter>,
     broker_connections: Family<BrokerLabels, Gauge>,
     broker_connections_lost: Family<BrokerLabels, Counter>,
     log_lines_dropped: Counter,
@@ -161,6 +162,11 @@ impl Metrics {
             "outputs_undeliverable",
             "Acknowledged deliveries whose outputs the broker would not take, counted as failed attempts",
         );
+        let trace_context_malformed = registered(
+            &mut registry,
+            "trace_context_malformed",
+            "Deliveries whose publisher's trace context could not be read (ignored)",
+        );
         let broker_connections = registered(
             &mut registry,
             "broker_connections",
@@ -189,6 +195,7 @@ impl Metrics {
             abandoned,
             refused,
             outputs_undeliverable,
+            trace_context_malformed,
             broker_connections,
             broker_connections_lost,
             handled_total: AtomicU64::new(0),
@@ -351,6 +358,14 @@ impl MountMetrics {
     /// A delivery rejected without running the handler.
     pub fn refused(&self) {
         self.metrics.refused.get_or_create(&self.labels).inc();
+    }
+
+    /// A delivery whose trace context could not be read.
+    pub fn trace_context_malformed(&self) {
+        self.metrics
+            .trace_context_malformed
+            .get_or_create(&self.labels)
+            .inc();
     }
 
     /// An acknowledged delivery whose outputs were not delivered.

@@ -18,6 +18,7 @@ use crate::events::{Event, Handled};
 use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
 use crate::settlement::{self, Disposition, HandlerResult, Outcome, Plan, Publish};
 use crate::tenants::budget::Room;
+use wharf_core::trace::TraceContext;
 
 /// Runs the handler on one delivery and carries out the plan for its
 /// outcome. `handler_slot`, one of the mount's `concurrency`, is given
@@ -50,6 +51,20 @@ pub(super) async fn handle(
     let counters = message.counters();
     let attempt = counters.attempt();
     let message_id = message.message_id();
+    // This attempt's span, below the publisher's when it sent a context.
+    let trace = match TraceContext::of(&message) {
+        Ok(parent) => parent.map(|parent| parent.child()),
+        Err(malformed) => {
+            spec.metrics.trace_context_malformed();
+            tracing::debug!(
+                tenant = &*spec.tags.tenant,
+                mount = &*spec.tags.mount,
+                "an unreadable trace context in the {} is ignored",
+                malformed.place
+            );
+            None
+        }
+    };
     let span = tracing::info_span!(
         "handle",
         messaging.system = "amqp",
@@ -59,6 +74,8 @@ pub(super) async fn handle(
         tenant = &*spec.tags.tenant,
         mount = &*spec.tags.mount,
         attempt,
+        trace_id = trace.as_ref().map(TraceContext::trace_id_hex),
+        span_id = trace.as_ref().map(TraceContext::span_id_hex),
     );
     async move {
         // Room in the tenant's budgets first, then an instance of the module
@@ -107,6 +124,7 @@ pub(super) async fn handle(
             message: &message,
             payload: payload.as_ref(),
             counters,
+            trace: trace.as_ref(),
         };
         let settled = settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await;
         if settled.disposition == Some(Disposition::Modified) {

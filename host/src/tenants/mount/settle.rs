@@ -18,6 +18,7 @@ use crate::sandbox::Outgoing;
 use crate::settlement::{
     self, AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Publish, Published,
 };
+use wharf_core::trace::TraceContext;
 
 /// The message annotation a dead letter carries when the host knows more
 /// of why it ends there than "no more attempts": outputs the broker would
@@ -65,6 +66,9 @@ pub(super) struct Arrived<'a> {
     pub(super) payload: Option<&'a Bytes>,
     /// Its counters, for a plan made again.
     pub(super) counters: Counters,
+    /// The trace context of its handling, when its publisher sent one:
+    /// what the host publishes because of it carries a child of it.
+    pub(super) trace: Option<&'a TraceContext>,
 }
 
 /// How a delivery's plan went.
@@ -223,7 +227,7 @@ async fn publish_one(
 ) -> Published {
     let spec = &context.spec;
     match publish {
-        Publish::Outputs => publish_outputs(context, arrived.message, outputs).await,
+        Publish::Outputs => publish_outputs(context, arrived, outputs).await,
         Publish::DeadLetter => {
             let address = spec
                 .config
@@ -260,6 +264,9 @@ async fn publish_one(
                 }
             };
             let mut copy = arrived.message.copy(retry_count, due);
+            if let Some(trace) = arrived.trace {
+                copy.set_trace(&trace.child());
+            }
             if let Some(key) = &spec.retry_key {
                 copy.seal_retry_count(key);
             }
@@ -324,20 +331,23 @@ fn not_encoded(error: &message::DecodeFailure) -> Published {
 /// deterministic message-id.
 fn encode_outputs(
     context: &MountContext,
-    input: &AmqpMessage,
+    input: &Arrived<'_>,
     outputs: &[Outgoing],
 ) -> Result<Vec<Output>, message::DecodeFailure> {
-    let input_id = input.identity();
+    let input_id = input.message.identity();
     outputs
         .iter()
         .enumerate()
         .map(|(index, output)| {
-            let message = crate::broker::output_message(
+            let mut message = crate::broker::output_message(
                 &output.message,
                 &input_id,
                 index,
                 context.duplicate_ids,
             );
+            if let Some(trace) = input.trace {
+                message.set_trace(&trace.child());
+            }
             Ok(Output {
                 address: output.address.clone(),
                 payload: message.encode()?,
@@ -354,7 +364,7 @@ async fn commit_outputs(
     arrived: &Arrived<'_>,
     outputs: &[Outgoing],
 ) -> Published {
-    let encoded = match encode_outputs(context, arrived.message, outputs) {
+    let encoded = match encode_outputs(context, arrived, outputs) {
         Ok(encoded) => encoded,
         Err(e) => return not_encoded(&e),
     };
@@ -373,7 +383,7 @@ async fn commit_outputs(
 /// one whose fate is unknown.
 async fn publish_outputs(
     context: &MountContext,
-    input: &AmqpMessage,
+    input: &Arrived<'_>,
     outputs: &[Outgoing],
 ) -> Published {
     let encoded = match encode_outputs(context, input, outputs) {

@@ -1,0 +1,388 @@
+//! W3C trace context on AMQP messages: read from wherever a publisher's
+//! client put it, and carried on, one new span id per hop, on everything
+//! wharf publishes because of a delivery (copies, outputs, replies), so one
+//! message's attempts and what it caused read as one trace.
+//!
+//! Publishers write the context in four places; the first one found wins:
+//! 1. message annotations `traceparent` / `tracestate`;
+//! 2. the message-annotation map `x-opt-qpid-tracestate` (Qpid Proton C++
+//!    and Qpid JMS), with `traceparent` / `tracestate` inside;
+//! 3. application properties `traceparent` / `tracestate`, as string or
+//!    binary (the W3C AMQP draft, w3c/trace-context-amqp);
+//! 4. application property `Diagnostic-Id` (Azure SDKs, in the
+//!    `traceparent` format).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fe2o3_amqp_types::messaging::annotations::OwnedKey;
+use fe2o3_amqp_types::primitives::{Symbol, Value};
+
+use crate::message::AmqpMessage;
+
+/// The `traceparent` key, in annotations and application properties.
+pub const TRACEPARENT: &str = "traceparent";
+/// The `tracestate` key.
+pub const TRACESTATE: &str = "tracestate";
+/// The message-annotation map Qpid's clients keep the context in.
+pub const QPID_TRACESTATE: &str = "x-opt-qpid-tracestate";
+/// The application property Azure's SDKs write.
+pub const DIAGNOSTIC_ID: &str = "Diagnostic-Id";
+
+/// The longest `tracestate` carried on (the W3C limit is 32 entries of at
+/// most 256 characters; 512 is what implementations must propagate).
+const MAX_TRACESTATE: usize = 512;
+
+/// One span's place in a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// The trace, never all zero.
+    pub trace_id: [u8; 16],
+    /// The span, never all zero.
+    pub span_id: [u8; 8],
+    /// The trace flags (bit 0: sampled).
+    pub flags: u8,
+    /// The vendors' `tracestate`, carried on unchanged.
+    pub state: Option<String>,
+}
+
+/// A context that was there but could not be read: ignored, and counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    /// Where it was found.
+    pub place: &'static str,
+}
+
+impl TraceContext {
+    /// Reads a `traceparent` header value: `00-<trace>-<span>-<flags>` in
+    /// lowercase hex. A later version may append fields after the flags;
+    /// version `ff` and all-zero ids are invalid.
+    pub fn parse(traceparent: &str) -> Option<TraceContext> {
+        let text = traceparent.trim();
+        let mut parts = text.splitn(5, '-');
+        let version = parts.next()?;
+        let trace = parts.next()?;
+        let span = parts.next()?;
+        let flags = parts.next()?;
+        let rest = parts.next();
+        let [version] = hex::<1>(version)?;
+        if version == 0xff || (version == 0 && rest.is_some()) {
+            return None;
+        }
+        let trace_id = hex::<16>(trace)?;
+        let span_id = hex::<8>(span)?;
+        let [flags] = hex::<1>(flags)?;
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(TraceContext {
+            trace_id,
+            span_id,
+            flags,
+            state: None,
+        })
+    }
+
+    /// The `traceparent` value, version `00`.
+    pub fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            self.trace_id_hex(),
+            self.span_id_hex(),
+            self.flags
+        )
+    }
+
+    /// The trace id in hex, as logs and trace viewers show it.
+    pub fn trace_id_hex(&self) -> String {
+        to_hex(&self.trace_id)
+    }
+
+    /// The span id in hex.
+    pub fn span_id_hex(&self) -> String {
+        to_hex(&self.span_id)
+    }
+
+    /// A new span in the same trace, below this one: the same trace id,
+    /// flags and state, a span id of its own.
+    pub fn child(&self) -> TraceContext {
+        TraceContext {
+            span_id: new_span_id(),
+            ..self.clone()
+        }
+    }
+
+    /// The publisher's context on `message`, from the first of the four
+    /// places that has one (see the module's documentation); `Ok(None)`
+    /// when none has, `Err` when the first one found cannot be read.
+    pub fn of(message: &AmqpMessage) -> Result<Option<TraceContext>, Malformed> {
+        let annotation = |key: &str| {
+            message
+                .message_annotations
+                .as_ref()?
+                .0
+                .get(&OwnedKey::Symbol(Symbol::from(key)))
+        };
+        let found = if let Some(parent) = annotation(TRACEPARENT) {
+            Some((
+                "message annotation `traceparent`",
+                text(parent),
+                annotation(TRACESTATE).and_then(text),
+            ))
+        } else if let Some(Value::Map(map)) = annotation(QPID_TRACESTATE) {
+            let entry = |key: &str| {
+                map.iter()
+                    .find(|(k, _)| text(k).as_deref() == Some(key))
+                    .map(|(_, v)| v)
+            };
+            entry(TRACEPARENT).map(|parent| {
+                (
+                    "message annotation `x-opt-qpid-tracestate`",
+                    text(parent),
+                    entry(TRACESTATE).and_then(text),
+                )
+            })
+        } else {
+            None
+        };
+        let found = found.or_else(|| {
+            message.property(TRACEPARENT).map(|parent| {
+                (
+                    "application property `traceparent`",
+                    text(parent),
+                    message.property(TRACESTATE).and_then(text),
+                )
+            })
+        });
+        let found = found.or_else(|| {
+            message
+                .property(DIAGNOSTIC_ID)
+                .map(|id| ("application property `Diagnostic-Id`", text(id), None))
+        });
+        let Some((place, parent, state)) = found else {
+            return Ok(None);
+        };
+        let mut context = parent
+            .as_deref()
+            .and_then(TraceContext::parse)
+            .ok_or(Malformed { place })?;
+        context.state = state
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty() && s.len() <= MAX_TRACESTATE && s.is_ascii());
+        Ok(Some(context))
+    }
+}
+
+impl AmqpMessage {
+    /// Carries `context` on this message as the W3C AMQP draft has it:
+    /// string application properties `traceparent` (and `tracestate`).
+    /// Every other form of a context the message held is removed, so the
+    /// next reader finds this one first.
+    pub fn set_trace(&mut self, context: &TraceContext) {
+        if let Some(annotations) = self.message_annotations.as_mut() {
+            annotations.0.as_inner_mut().retain(|key, _| match key {
+                OwnedKey::Symbol(symbol) => {
+                    ![TRACEPARENT, TRACESTATE, QPID_TRACESTATE].contains(&symbol.0.as_str())
+                }
+                OwnedKey::Ulong(_) => true,
+            });
+            if annotations.0.is_empty() {
+                self.message_annotations = None;
+            }
+        }
+        let properties = self.application_properties.get_or_insert_with(Vec::new);
+        properties
+            .retain(|(key, _)| key != TRACEPARENT && key != TRACESTATE && key != DIAGNOSTIC_ID);
+        properties.push((TRACEPARENT.to_owned(), Value::String(context.traceparent())));
+        if let Some(state) = &context.state {
+            properties.push((TRACESTATE.to_owned(), Value::String(state.clone())));
+        }
+    }
+}
+
+/// A string or binary value as text.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Symbol(s) => Some(s.0.clone()),
+        Value::Binary(b) => String::from_utf8(b.to_vec()).ok(),
+        _ => None,
+    }
+}
+
+/// `N` bytes from exactly `2 * N` lowercase hex digits.
+fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = nibble(digits[2 * i])? << 4 | nibble(digits[2 * i + 1])?;
+    }
+    Some(out)
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A span id no other span of this process has: a counter through a
+/// SplitMix64 mix, started from the clock and the process id, so two
+/// processes (and two runs) do not walk the same ids.
+pub fn new_span_id() -> [u8; 8] {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        nanos ^ (u64::from(std::process::id()) << 32)
+    });
+    loop {
+        let mut z = seed.wrapping_add(
+            NEXT.fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        if z != 0 {
+            return z.to_be_bytes();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fe2o3_amqp_types::messaging::{Body, MessageAnnotations};
+    use fe2o3_amqp_types::primitives::{Binary, OrderedMap};
+
+    use super::*;
+
+    const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    fn message() -> AmqpMessage {
+        AmqpMessage {
+            header: None,
+            delivery_annotations: None,
+            message_annotations: None,
+            properties: None,
+            application_properties: None,
+            body: Body::Empty,
+            footer: None,
+            unread: Vec::new(),
+        }
+    }
+
+    fn annotated(key: &str, value: Value) -> AmqpMessage {
+        let mut annotations = MessageAnnotations::builder().build();
+        annotations
+            .0
+            .insert(OwnedKey::Symbol(Symbol::from(key)), value);
+        AmqpMessage {
+            message_annotations: Some(annotations),
+            ..message()
+        }
+    }
+
+    fn with_property(key: &str, value: Value) -> AmqpMessage {
+        AmqpMessage {
+            application_properties: Some(vec![(key.to_owned(), value)]),
+            ..message()
+        }
+    }
+
+    #[test]
+    fn a_traceparent_reads_and_writes_back_the_same() {
+        let context = TraceContext::parse(PARENT).expect("valid");
+        assert_eq!(context.traceparent(), PARENT);
+        assert_eq!(context.trace_id_hex(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(context.flags, 1);
+        // A later version may add fields; 00 may not.
+        assert!(
+            TraceContext::parse("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x")
+                .is_some()
+        );
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "0-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert_eq!(TraceContext::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_form_a_client_writes_is_read() {
+        let state = Value::String("congo=t61rcWkgMzE".to_owned());
+        let mut qpid = OrderedMap::new();
+        qpid.insert(
+            Value::Symbol(Symbol::from(TRACEPARENT)),
+            Value::String(PARENT.to_owned()),
+        );
+        qpid.insert(Value::Symbol(Symbol::from(TRACESTATE)), state.clone());
+        let forms = [
+            annotated(TRACEPARENT, Value::String(PARENT.to_owned())),
+            annotated(QPID_TRACESTATE, Value::Map(qpid)),
+            with_property(TRACEPARENT, Value::String(PARENT.to_owned())),
+            with_property(
+                TRACEPARENT,
+                Value::Binary(Binary::from(PARENT.as_bytes().to_vec())),
+            ),
+            with_property(DIAGNOSTIC_ID, Value::String(PARENT.to_owned())),
+        ];
+        for form in &forms {
+            let context = TraceContext::of(form).expect("readable").expect("found");
+            assert_eq!(context.traceparent(), PARENT);
+        }
+        let read = TraceContext::of(&forms[1])
+            .expect("readable")
+            .expect("found");
+        assert_eq!(read.state.as_deref(), Some("congo=t61rcWkgMzE"));
+        assert_eq!(TraceContext::of(&message()), Ok(None));
+        let malformed = with_property(TRACEPARENT, Value::String("00-nope".to_owned()));
+        assert!(TraceContext::of(&malformed).is_err());
+        let not_text = with_property(TRACEPARENT, Value::Int(7));
+        assert!(TraceContext::of(&not_text).is_err());
+    }
+
+    #[test]
+    fn the_first_form_found_wins_and_a_carried_context_replaces_them_all() {
+        let other = "00-11111111111111111111111111111111-2222222222222222-00";
+        let mut message = annotated(TRACEPARENT, Value::String(PARENT.to_owned()));
+        message.application_properties = Some(vec![(
+            TRACEPARENT.to_owned(),
+            Value::String(other.to_owned()),
+        )]);
+        let found = TraceContext::of(&message)
+            .expect("readable")
+            .expect("found");
+        assert_eq!(found.traceparent(), PARENT);
+        let child = found.child();
+        assert_eq!(child.trace_id, found.trace_id);
+        assert_ne!(child.span_id, found.span_id);
+        message.set_trace(&child);
+        assert_eq!(message.message_annotations, None);
+        let carried = TraceContext::of(&message)
+            .expect("readable")
+            .expect("found");
+        assert_eq!(carried, child);
+    }
+
+    #[test]
+    fn span_ids_do_not_repeat() {
+        let ids: std::collections::HashSet<_> = (0..10_000).map(|_| new_span_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+    }
+}
