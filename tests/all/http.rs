@@ -24,7 +24,8 @@ use crate::{
 /// anything else is not found. It keeps every request line it read.
 struct Server {
     origin: String,
-    requests: Arc<Mutex<Vec<String>>>,
+    /// Each request's request line, then its header lines.
+    requests: Arc<Mutex<Vec<Vec<String>>>>,
 }
 
 impl Server {
@@ -74,13 +75,22 @@ impl Server {
         self.origin.clone()
     }
 
+    /// The request line of each request.
     fn requests(&self) -> Vec<String> {
+        self.heads()
+            .into_iter()
+            .map(|head| head[0].clone())
+            .collect()
+    }
+
+    /// Each request's request line and header lines.
+    fn heads(&self) -> Vec<Vec<String>> {
         self.requests.lock().expect("not poisoned").clone()
     }
 }
 
 /// Reads one request from `socket` into `seen` and answers it.
-async fn answer(mut socket: impl AsyncRead + AsyncWrite + Unpin, seen: &Mutex<Vec<String>>) {
+async fn answer(mut socket: impl AsyncRead + AsyncWrite + Unpin, seen: &Mutex<Vec<Vec<String>>>) {
     let mut head = Vec::new();
     let mut buf = [0; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -90,8 +100,13 @@ async fn answer(mut socket: impl AsyncRead + AsyncWrite + Unpin, seen: &Mutex<Ve
         }
     }
     let head = String::from_utf8_lossy(&head).into_owned();
-    let line = head.lines().next().unwrap_or_default().to_owned();
-    seen.lock().expect("not poisoned").push(line.clone());
+    let lines: Vec<String> = head
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let line = lines.first().cloned().unwrap_or_default();
+    seen.lock().expect("not poisoned").push(lines);
     let path = line.split(' ').nth(1).unwrap_or_default();
     let (status, text) = match path {
         "/slow" => {
@@ -455,6 +470,53 @@ async fn the_admin_listener_is_reached_only_through_a_grant_naming_it() -> anyho
         Some(Disposition::Accepted),
         "{handled:?}"
     );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_request_carries_the_trace_of_the_delivery_that_made_it() -> anyhow::Result<()> {
+    use fe2o3_amqp::types::primitives::SimpleValue;
+    use wharf::trace::{TRACEPARENT, TraceContext};
+    const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let server = Server::start().await?;
+    let queue = unique("http-trace");
+    let (mut host, mut client) = start_with_client(
+        &artemis_url(),
+        &[mount("traced", &queue, &[&server.origin()], &[])],
+    )
+    .await?;
+    let url = format!("{}/echo/traced", server.origin());
+    for parent in [Some(PARENT), None] {
+        let id = unique("fetch");
+        let mut message = TestMessage::new(&id, "traced").script(&format!("*:fetch={url}"));
+        if let Some(parent) = parent {
+            message = message.property(TRACEPARENT, SimpleValue::String(parent.to_owned()));
+        }
+        client.publish(&queue, message).await?;
+        let handled = host.handled(&id).await?;
+        assert_eq!(
+            handled.disposition,
+            Some(Disposition::Accepted),
+            "{handled:?}"
+        );
+    }
+    let heads = server.heads();
+    let traceparent = |head: &[String]| {
+        head.iter()
+            .find_map(|line| line.strip_prefix("traceparent: ").map(str::to_owned))
+    };
+    let sent = traceparent(&heads[0]).expect("the traced delivery's request has a traceparent");
+    let context = TraceContext::parse(&sent).expect("a valid traceparent");
+    assert_eq!(context.trace_id_hex(), "0af7651916cd43dd8448eb211c80319c");
+    assert_ne!(
+        context.span_id_hex(),
+        "b7ad6b7169203331",
+        "a span of its own"
+    );
+    assert_eq!(traceparent(&heads[1]), None, "no context, none sent");
+    println!("the request carried traceparent: {sent}");
     host.stop().await?;
     client.close().await;
     Ok(())

@@ -26,6 +26,7 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::store::InstanceSetup;
 use crate::grants::{Guarded, Host, Target};
+use wharf_core::trace::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// Outbound HTTP connections one instance may hold at once.
 pub const MAX_CONNECTIONS_PER_INSTANCE: usize = 16;
@@ -51,6 +52,9 @@ type ConnectionPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 pub(crate) struct HttpGate {
     setup: Arc<InstanceSetup>,
     connections: Arc<Semaphore>,
+    /// The trace context of the delivery being handled: each request
+    /// carries a child of it.
+    pub(crate) trace: Option<TraceContext>,
 }
 
 impl HttpGate {
@@ -58,6 +62,7 @@ impl HttpGate {
         HttpGate {
             setup,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_INSTANCE)),
+            trace: None,
         }
     }
 
@@ -141,6 +146,9 @@ impl HttpGate {
             Err(_) => return Err(Error::ConnectionTimeout),
         };
         let _ = tcp.set_nodelay(true);
+        if let Some(trace) = &self.trace {
+            carry_trace(request.headers_mut(), &trace.child());
+        }
         let path = request
             .uri()
             .path_and_query()
@@ -168,6 +176,26 @@ impl HttpGate {
             exchange(TokioIo::new(tcp), request, options, permits).await?
         };
         Ok(response)
+    }
+}
+
+/// Puts `trace` on a request as W3C trace context headers, replacing any
+/// the handler set.
+fn carry_trace(headers: &mut http::HeaderMap, trace: &TraceContext) {
+    let mut set = |name: &'static str, value: &str| match http::HeaderValue::from_str(value) {
+        Ok(value) => {
+            headers.insert(name, value);
+        }
+        Err(_) => {
+            headers.remove(name);
+        }
+    };
+    set(TRACEPARENT, &trace.traceparent());
+    match &trace.state {
+        Some(state) => set(TRACESTATE, state),
+        None => {
+            headers.remove(TRACESTATE);
+        }
     }
 }
 
@@ -260,6 +288,7 @@ impl WasiHttpHooks for HttpGate {
         let gate = HttpGate {
             setup: self.setup.clone(),
             connections: self.connections.clone(),
+            trace: self.trace.clone(),
         };
         Box::new(async move { gate.send(request, options, permits).await })
     }

@@ -16,6 +16,7 @@ use super::outbox::{Outgoing, Owners};
 use super::share::TenantShare;
 use super::store::{InstanceSetup, StoreState};
 use super::{Delivery, InstancePolicy, Outcome};
+use wharf_core::trace::TraceContext;
 
 /// The budget of one handler call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,6 +247,13 @@ impl Reserved {
         &self.instances
     }
 
+    /// The trace context of the delivery it will handle: its HTTP
+    /// requests carry a child of it.
+    pub fn traced(mut self, trace: Option<&TraceContext>) -> Reserved {
+        self.instance.store.data_mut().http_gate.trace = trace.cloned();
+        self
+    }
+
     /// Runs one delivery and reports the handler's outcome or why it failed,
     /// and what it sent. Instantiation counts against the call's timeout.
     pub async fn call(self, delivery: &Delivery) -> Call {
@@ -448,7 +456,9 @@ impl Instances {
             {
                 tracing::debug!(error = ?e, "a kept instance could not take its delivery; trying a fresh one");
                 let deadline = instance.store.data().deadline;
+                let trace = instance.store.data_mut().http_gate.trace.take();
                 instance.store = self.store();
+                instance.store.data_mut().http_gate.trace = trace;
                 instance.handler = None;
                 instance.uses = 0;
                 instance.store.data_mut().begin_call(deadline);

@@ -96,7 +96,7 @@ pub(crate) struct StoreState {
     /// What the call has sent.
     pub(crate) outbox: Outbox,
     http: WasiHttpCtx,
-    http_gate: HttpGate,
+    pub(crate) http_gate: HttpGate,
 }
 
 impl StoreState {
@@ -151,6 +151,7 @@ impl StoreState {
     /// delivery has its own output allowance.
     pub(crate) fn end_call(&mut self) {
         self.cpu.reset();
+        self.http_gate.trace = None;
         self.stdout.end_call();
         self.stderr.end_call();
     }

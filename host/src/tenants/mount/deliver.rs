@@ -93,6 +93,7 @@ pub(super) async fn handle(
         let started = Instant::now();
         // The instance's memory stays counted in the tenant's budget until
         // the delivery is settled.
+        let instance = instance.traced(trace.as_ref());
         let (result, outputs, _memory) = run_handler(&context, instance, &message, attempt).await;
         let took = started.elapsed();
         drop(handler_slot);
