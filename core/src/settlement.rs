@@ -52,6 +52,18 @@ pub enum Disposition {
     Released,
 }
 
+impl Disposition {
+    /// The AMQP name of the disposition, e.g. `accepted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disposition::Accepted => "accepted",
+            Disposition::Modified => "modified",
+            Disposition::Rejected => "rejected",
+            Disposition::Released => "released",
+        }
+    }
+}
+
 /// The counters a delivery carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counters {

@@ -298,7 +298,7 @@ async fn messages_handlers_and_links() -> anyhow::Result<()> {
         .await?;
     catalogue.add("a delivery that is not AMQP", &refused(&mut host).await?);
     client
-        .publish(&q, TestMessage::new(&unique("big"), &"x".repeat(4096)))
+        .publish(&q, TestMessage::new("catalogue.big", &"x".repeat(4096)))
         .await?;
     catalogue.add(
         "a delivery over max_message_size",

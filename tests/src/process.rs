@@ -157,7 +157,7 @@ impl WharfProcess {
         tokio::spawn(async move {
             while let Ok(Some(line)) = log.next_line().await {
                 if line.contains("\"message\":\"handled\"")
-                    && line.contains("\"disposition\":\"Some(Accepted)\"")
+                    && line.contains("\"disposition\":\"accepted\"")
                     && let Some(id) = json_field(&line, "messaging.message.id")
                 {
                     collected.lock().expect("log lock").push(id.to_owned());

@@ -135,7 +135,12 @@ pub(super) async fn handle(
         let fate = fate(outcome, result.as_ref().err(), &plan, settled.disposition);
         match &settled.error {
             Some(error) => tracing::error!("{fate}; but the settlement is incomplete: {error}"),
-            None => tracing::debug!(%outcome, fate, "handled"),
+            None => tracing::debug!(
+                %outcome,
+                disposition = settled.disposition.map(Disposition::as_str),
+                fate,
+                "handled"
+            ),
         }
         let _ = spec.events.send(Event::Handled(Handled {
             tenant: spec.tags.tenant.clone(),
