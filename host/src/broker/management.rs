@@ -45,7 +45,7 @@ impl std::fmt::Display for QueueKind {
             QueueKind::Classic => f.write_str("classic"),
             QueueKind::Quorum {
                 delivery_limit: Some(limit),
-            } => write!(f, "quorum (x-delivery-limit {limit})"),
+            } => write!(f, "quorum (delivery limit {limit})"),
             QueueKind::Quorum {
                 delivery_limit: None,
             } => f.write_str("quorum"),

@@ -370,9 +370,9 @@ impl Control {
         match &change.error {
             Some(error) => tracing::error!("config reload failed: {error}"),
             None => tracing::info!(
-                added = change.added.join(", "),
-                removed = change.removed.join(", "),
-                replaced = change.replaced.join(", "),
+                added = listed(&change.added),
+                removed = listed(&change.removed),
+                replaced = listed(&change.replaced),
                 "config reloaded"
             ),
         }
@@ -562,5 +562,14 @@ fn placement(tenant: &Tenant) -> Placement {
     Placement {
         budget: tenant.budget,
         broker: tenant.broker.clone(),
+    }
+}
+
+/// Mounts as a log line lists them: `a/b, c/d`, or `none`.
+fn listed(mounts: &[String]) -> String {
+    if mounts.is_empty() {
+        "none".to_owned()
+    } else {
+        mounts.join(", ")
     }
 }
