@@ -290,15 +290,21 @@ impl PoolTask {
         match self.failures.happened(&error.to_string()) {
             Tell::First if error.is_permanent() => {
                 tracing::error!(
-                    "{error}. Retrying will not mend this; wharf retries every {retry_in} meanwhile"
+                    "{error}. Retrying will not mend this; wharf keeps retrying (next in {retry_in}) and reminds once a minute"
                 );
             }
             Tell::First => tracing::warn!("{error} (retrying in {retry_in})"),
             Tell::Again { times, lasting } => {
                 let lasting = human(lasting);
-                tracing::warn!(
-                    "still cannot connect after {lasting} ({times} more attempts): {error}"
-                );
+                if error.is_permanent() {
+                    tracing::error!(
+                        "still cannot connect after {lasting} ({times} more attempts): {error}"
+                    );
+                } else {
+                    tracing::warn!(
+                        "still cannot connect after {lasting} ({times} more attempts): {error}"
+                    );
+                }
             }
             Tell::Quiet => tracing::debug!("{error} (retrying in {retry_in})"),
         }

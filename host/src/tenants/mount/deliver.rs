@@ -132,7 +132,13 @@ pub(super) async fn handle(
             spec.note_modified(&message, attempt);
         }
         spec.metrics.handled(outcome, settled.disposition, took);
-        let fate = fate(outcome, result.as_ref().err(), &plan, settled.disposition);
+        let carried_out = settled.instead.as_ref().unwrap_or(&plan);
+        let fate = fate(
+            outcome,
+            result.as_ref().err(),
+            carried_out,
+            settled.disposition,
+        );
         match &settled.error {
             Some(error) => tracing::error!("{fate}; but the settlement is incomplete: {error}"),
             None => tracing::debug!(
@@ -250,6 +256,9 @@ fn fate(
             format!("attempts used up: it went to the dead-letter address and was {settled}")
         }
         Some(Publish::Outputs) => format!("its outputs were published and it was {settled}"),
+        Some(Publish::Copy { delay, .. }) if delay.is_zero() => {
+            format!("a copy went back to the queue and the original was {settled}")
+        }
         Some(Publish::Copy { path, .. }) => {
             let waits = match path {
                 crate::settlement::DelayPath::Scheduled => "scheduled on the broker",

@@ -468,7 +468,7 @@ impl SupervisedMount {
             (Tell::First, true) => tracing::error!(
                 tenant,
                 mount,
-                "mount down: {error}. Retrying will not mend this until the config or the broker changes; wharf retries every {retry_in} meanwhile and reminds once a minute"
+                "mount down: {error}. Retrying will not mend this until the config or the broker changes; wharf keeps retrying (next in {retry_in}) and reminds once a minute"
             ),
             (Tell::First, false) => {
                 tracing::warn!(
