@@ -1,11 +1,13 @@
 //! wharf end to end on a real broker, against a hand-written fe2o3-amqp
 //! consumer doing the same work in the same run (its socket with
-//! `TCP_NODELAY`, the same credit): throughput per handler language and
-//! instance policy, latency at half the measured maximum, mounts sharing a
-//! connection, and what idle mounts cost.
+//! `TCP_NODELAY`, the same credit): throughput and the process's CPU time
+//! per message, per handler language and instance policy, latency at half
+//! the measured maximum, mounts sharing a connection, and what idle mounts
+//! cost.
 //!
 //!     cargo bench -p wharf-tests --bench throughput             # Artemis, then RabbitMQ 4
 //!     cargo bench -p wharf-tests --bench throughput -- artemis  # one broker
+//!     cargo bench -p wharf-tests --bench throughput -- artemis ack  # cases naming `ack`
 //!
 //! The brokers must be running (`scripts/test` starts them); guests come
 //! from `build/guests` (`scripts/build-guests`).
@@ -43,8 +45,35 @@ async fn prefill(url: &str, address: &str, n: usize) -> anyhow::Result<()> {
     bench::prefill(url, address, n, |i| message(format!("{address}.{i}"))).await
 }
 
+/// A consumer's rate, and the CPU time its process spent per message.
+struct Measured {
+    rate: f64,
+    cpu_per_message: Duration,
+}
+
+/// CPU time (user and system, every thread) this process has used: the
+/// broker is a process of its own, so over a run this is the consumer's.
+fn cpu_time() -> Duration {
+    // Fields 14 and 15 of /proc/self/stat, after the parenthesised name,
+    // in clock ticks (USER_HZ, 100 on Linux).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The CPU time used per message since `since` (a [`cpu_time`]).
+fn per_message(since: Duration, messages: usize) -> Duration {
+    cpu_time().saturating_sub(since) / u32::try_from(messages.max(1)).unwrap_or(u32::MAX)
+}
+
 /// The baseline: receive and accept every message, nothing else.
-async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<f64> {
+async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<Measured> {
     let mut connection = bench::native_connection(url).await?;
     let mut session = Session::begin(&mut connection).await?;
     let mut receiver = Receiver::builder()
@@ -53,16 +82,20 @@ async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<f64> {
         .credit_mode(CreditMode::Auto(CREDIT))
         .attach(&mut session)
         .await?;
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu_time());
     for _ in 0..n {
         let delivery = receiver.recv::<Body<Value>>().await?;
         receiver.accept(&delivery).await?;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
+    let cpu_per_message = per_message(cpu, n);
     let _ = receiver.close().await;
     let _ = session.end().await;
     let _ = connection.close().await;
-    Ok(rate)
+    Ok(Measured {
+        rate,
+        cpu_per_message,
+    })
 }
 
 fn mount(name: &str, module: &str, address: &str, extra: &[&str]) -> MountToml {
@@ -81,7 +114,7 @@ async fn wharf_rate(
     extra: &[&str],
     mounts: usize,
     n: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Measured> {
     let queues: Vec<String> = (0..mounts)
         .map(|_| (broker.queue)(&unique("bench")))
         .collect();
@@ -95,10 +128,15 @@ async fn wharf_rate(
         .collect();
     let host = host(broker, specs).await?;
     profiler("enable");
+    let (cpu, handled) = (cpu_time(), host.host().handled_total());
     let rate = rate(&host, n / mounts * mounts).await?;
+    let cpu_per_message = per_message(cpu, (host.host().handled_total() - handled) as usize);
     profiler("disable");
     host.stop().await?;
-    Ok(rate)
+    Ok(Measured {
+        rate,
+        cpu_per_message,
+    })
 }
 
 /// Tells a profiler started with `perf record --control=fifo:PATH -D -1` to
@@ -238,12 +276,19 @@ async fn main() -> anyhow::Result<()> {
         let queue = (broker.queue)(&unique("native"));
         prefill(&broker.url, &queue, messages()).await?;
         let baseline = native(&broker.url, &queue, messages()).await?;
-        println!("| consumer | msg/s | vs native |");
-        println!("|---|---|---|");
-        let row = |name: &str, rate: f64| {
-            println!("| {name} | {rate:.0} | {:.2}× |", rate / baseline);
+        println!("| consumer | msg/s | vs native | CPU per message | vs native |");
+        println!("|---|---|---|---|---|");
+        let row = |name: &str, measured: &Measured| {
+            let cpu = measured.cpu_per_message;
+            println!(
+                "| {name} | {:.0} | {:.2}× | {:.1} µs | {:.2}× |",
+                measured.rate,
+                measured.rate / baseline.rate,
+                cpu.as_secs_f64() * 1e6,
+                cpu.as_secs_f64() / baseline.cpu_per_message.as_secs_f64().max(1e-9)
+            );
         };
-        row("native fe2o3 consumer (TCP_NODELAY)", baseline);
+        row("native fe2o3 consumer (TCP_NODELAY)", &baseline);
         let reuse = ["instance = \"reuse\""];
         // Go's runtime reads the clock and random bytes as it starts.
         let go = [
@@ -279,20 +324,20 @@ async fn main() -> anyhow::Result<()> {
                 println!("| {name} | not built | |");
                 continue;
             }
-            let rate = wharf_rate(&broker, module, extra, 1, messages()).await?;
+            let measured = wharf_rate(&broker, module, extra, 1, messages()).await?;
             if module == "ack" {
-                best = best.max(rate);
+                best = best.max(measured.rate);
             }
-            row(name, rate);
+            row(name, &measured);
         }
         if only_case.is_some() {
             continue;
         }
         for mounts in [10, 100] {
-            let rate = wharf_rate(&broker, "ack", &reuse, mounts, messages()).await?;
+            let measured = wharf_rate(&broker, "ack", &reuse, mounts, messages()).await?;
             row(
                 &format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"),
-                rate,
+                &measured,
             );
         }
         let (p50, p99) = latency(&broker, best / 2.0).await?;
