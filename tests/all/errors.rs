@@ -53,7 +53,7 @@ impl Catalogue {
     }
 }
 
-/// `wharf check` of a config whose mount carries `mount_lines`, its output.
+/// Adds what `wharf check` says of the config `text`, which it must refuse.
 async fn check(catalogue: &mut Catalogue, what: &str, text: &str) -> anyhow::Result<()> {
     let config = TempFile::new("toml", text)?;
     catalogue.redact(config.0.display().to_string(), "<config>");
@@ -63,7 +63,7 @@ async fn check(catalogue: &mut Catalogue, what: &str, text: &str) -> anyhow::Res
     Ok(())
 }
 
-/// A config with one mount of `module` on `address` and `lines` after it.
+/// A config with one mount of `module` on the address `catalogue`, `lines` after it.
 fn one_mount(module: &Path, lines: &str) -> String {
     format!(
         "[broker]\nurl = \"{}\"\n[[tenant]]\nname = \"t\"\n[[tenant.mount]]\nname = \"m\"\naddress = \"catalogue\"\nmodule = \"{}\"\n{lines}",
