@@ -37,6 +37,9 @@ pub struct WharfProcess {
     pub child: Child,
     /// `None` once handed to a background reader.
     log: Option<tokio::io::Lines<BufReader<ChildStderr>>>,
+    /// Lines read while waiting for `running` (a mount may attach before
+    /// the process says it runs), read again before the pipe's next ones.
+    early: std::collections::VecDeque<String>,
     _config: TempFile,
 }
 
@@ -70,10 +73,41 @@ impl WharfProcess {
         let mut process = WharfProcess {
             child,
             log: Some(log),
+            early: std::collections::VecDeque::new(),
             _config: config,
         };
-        process.wait_for_log("running").await?;
+        let mut early = Vec::new();
+        loop {
+            let line = process
+                .next_line(tokio::time::Instant::now() + DEADLINE)
+                .await?;
+            let line = line.context("wharf exited before it said it runs")?;
+            if line.contains("running") {
+                break;
+            }
+            early.push(line);
+        }
+        process.early = early.into();
         Ok(process)
+    }
+
+    /// The next log line: one read early, else the pipe's next, by
+    /// `deadline`; `None` once wharf exited.
+    async fn next_line(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> anyhow::Result<Option<String>> {
+        if let Some(line) = self.early.pop_front() {
+            return Ok(Some(line));
+        }
+        let log = self
+            .log
+            .as_mut()
+            .context("the log is read in the background")?;
+        tokio::time::timeout_at(deadline, log.next_line())
+            .await
+            .context("no log line in time")?
+            .map_err(Into::into)
     }
 
     /// Reads the log until each of `needles` has been in a line, in any
@@ -92,15 +126,12 @@ impl WharfProcess {
 
     /// Reads the log until a line contains any of `needles`.
     async fn wait_for_log_any(&mut self, needles: &[&str]) -> anyhow::Result<String> {
-        let log = self
-            .log
-            .as_mut()
-            .context("the log is read in the background")?;
         let deadline = tokio::time::Instant::now() + DEADLINE;
         loop {
-            let line = tokio::time::timeout_at(deadline, log.next_line())
+            let line = self
+                .next_line(deadline)
                 .await
-                .context("no such log line in time")??
+                .context("no such log line")?
                 .context("wharf exited")?;
             if needles.iter().any(|needle| line.contains(needle)) {
                 return Ok(line);
@@ -124,16 +155,13 @@ impl WharfProcess {
         until: &str,
         times: usize,
     ) -> anyhow::Result<Vec<String>> {
-        let log = self
-            .log
-            .as_mut()
-            .context("the log is read in the background")?;
         let deadline = tokio::time::Instant::now() + DEADLINE;
         let (mut seen, mut ends) = (Vec::new(), 0);
         while ends < times {
-            let line = tokio::time::timeout_at(deadline, log.next_line())
+            let line = self
+                .next_line(deadline)
                 .await
-                .with_context(|| format!("{ends} of {times} lines with {until:?} in time"))??
+                .with_context(|| format!("{ends} of {times} lines with {until:?} in time"))?
                 .context("wharf exited")?;
             if line.contains(until) {
                 ends += 1;
@@ -154,8 +182,16 @@ impl WharfProcess {
             .log
             .take()
             .expect("the log is read only once in the background");
+        let mut early = std::mem::take(&mut self.early);
         tokio::spawn(async move {
-            while let Ok(Some(line)) = log.next_line().await {
+            loop {
+                let line = match early.pop_front() {
+                    Some(line) => line,
+                    None => match log.next_line().await {
+                        Ok(Some(line)) => line,
+                        _ => break,
+                    },
+                };
                 if line.contains("\"message\":\"handled\"")
                     && line.contains("\"disposition\":\"accepted\"")
                     && let Some(id) = json_field(&line, "messaging.message.id")
@@ -170,27 +206,21 @@ impl WharfProcess {
     /// Reads the log until a line contains `needle`.
     pub async fn wait_for_log(&mut self, needle: &str) -> anyhow::Result<String> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
-        let log = self
-            .log
-            .as_mut()
-            .context("the log is read in the background")?;
         let mut last = std::collections::VecDeque::new();
         let tail = |last: &std::collections::VecDeque<String>| {
             last.iter().cloned().collect::<Vec<_>>().join("\n")
         };
         loop {
-            let line = match tokio::time::timeout_at(deadline, log.next_line()).await {
-                Ok(line) => line?,
-                Err(_) => anyhow::bail!(
-                    "no log line with {needle:?} in time; last lines:\n{}",
-                    tail(&last)
-                ),
-            };
-            let Some(line) = line else {
-                anyhow::bail!(
+            let line = match self.next_line(deadline).await {
+                Ok(Some(line)) => line,
+                Ok(None) => anyhow::bail!(
                     "wharf exited before logging {needle:?}; last lines:\n{}",
                     tail(&last)
-                );
+                ),
+                Err(e) => anyhow::bail!(
+                    "no log line with {needle:?} ({e}); last lines:\n{}",
+                    tail(&last)
+                ),
             };
             if line.contains(needle) {
                 return Ok(line);
