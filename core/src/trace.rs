@@ -381,6 +381,17 @@ mod tests {
     }
 
     #[test]
+    fn a_messages_identity_does_not_depend_on_its_trace_context() {
+        let context = TraceContext::parse(PARENT).expect("valid");
+        let mut first = with_property("k", Value::String("v".to_owned()));
+        let mut second = first.clone();
+        first.set_trace(&context.child());
+        second.set_trace(&context.child());
+        assert_ne!(first, second);
+        assert_eq!(first.identity(), second.identity());
+    }
+
+    #[test]
     fn span_ids_do_not_repeat() {
         let ids: std::collections::HashSet<_> = (0..10_000).map(|_| new_span_id()).collect();
         assert_eq!(ids.len(), 10_000);

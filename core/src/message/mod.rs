@@ -203,10 +203,22 @@ impl AmqpMessage {
     /// redelivery: its message-id (if any) and a digest of its bare
     /// message (properties, application properties, body). Two messages
     /// that reuse a message-id for different content differ; two that are
-    /// the same in every section but the header are one.
+    /// the same in every section but the header are one. Its trace context
+    /// is not part of it: a copy published twice (a crash between
+    /// publishing it and settling its original) carries two span ids but
+    /// is one message.
     pub fn identity(&self) -> String {
         use sha2::{Digest as _, Sha256};
         let mut digest = Sha256::new();
+        let application_properties = self.application_properties.as_ref().map(|properties| {
+            properties
+                .iter()
+                .filter(|(key, _)| {
+                    key != crate::trace::TRACEPARENT && key != crate::trace::TRACESTATE
+                })
+                .cloned()
+                .collect()
+        });
         let bare = AmqpMessage {
             header: None,
             delivery_annotations: None,
@@ -214,7 +226,7 @@ impl AmqpMessage {
             footer: None,
             unread: Vec::new(),
             properties: self.properties.clone(),
-            application_properties: self.application_properties.clone(),
+            application_properties,
             body: Body::Empty,
         };
         // The body is the large part: digested as encoded, not copied.
