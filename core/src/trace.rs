@@ -199,6 +199,73 @@ impl AmqpMessage {
     }
 }
 
+/// `payload`, a message as it arrived, carrying `context` in its
+/// application properties (replacing the `traceparent`, `tracestate` and
+/// `Diagnostic-Id` it held there); every other section stays byte for byte
+/// as it was. `None` when the payload's sections cannot be found, or its
+/// application properties cannot be read within the limits (then it must
+/// travel as it is).
+pub fn carried_on_payload(payload: &[u8], context: &TraceContext) -> Option<bytes::Bytes> {
+    use crate::message::limits::{self, ValueLimits};
+    use crate::message::sections::{APPLICATION_PROPERTIES, application_properties};
+    use fe2o3_amqp_types::primitives::OrderedMap;
+    use serde_amqp::described::Described;
+    use serde_amqp::descriptor::Descriptor;
+
+    let sections = limits::sections(payload)?;
+    let existing = sections
+        .iter()
+        .enumerate()
+        .find(|(_, (code, _))| *code == APPLICATION_PROPERTIES);
+    let mut properties = match existing {
+        Some((index, (_, range))) => {
+            let bytes = &payload[range.clone()];
+            limits::check(bytes, ValueLimits::DEFAULT).ok()?;
+            application_properties(index, bytes).ok()?
+        }
+        None => Vec::new(),
+    };
+    let mut carrier = AmqpMessage {
+        header: None,
+        delivery_annotations: None,
+        message_annotations: None,
+        properties: None,
+        application_properties: Some(std::mem::take(&mut properties)),
+        body: fe2o3_amqp_types::messaging::Body::Empty,
+        footer: None,
+        unread: Vec::new(),
+    };
+    carrier.set_trace(context);
+    let map: OrderedMap<Value, Value> = carrier
+        .application_properties
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(key, value)| (Value::String(key), value))
+        .collect();
+    let section = Described {
+        descriptor: Descriptor::Code(APPLICATION_PROPERTIES),
+        value: Value::Map(map),
+    };
+    let encoded = serde_amqp::to_vec(&section).ok()?;
+    // Application properties go after the header, annotations and
+    // properties, before the body.
+    let (at, skip) = match existing {
+        Some((_, (_, range))) => (range.start, range.len()),
+        None => (
+            sections
+                .iter()
+                .find(|(code, _)| *code > APPLICATION_PROPERTIES)
+                .map_or(payload.len(), |(_, range)| range.start),
+            0,
+        ),
+    };
+    let mut out = Vec::with_capacity(payload.len() + encoded.len());
+    out.extend_from_slice(&payload[..at]);
+    out.extend_from_slice(&encoded);
+    out.extend_from_slice(&payload[at + skip..]);
+    Some(bytes::Bytes::from(out))
+}
+
 /// A string or binary value as text.
 fn text(value: &Value) -> Option<String> {
     match value {
@@ -389,6 +456,33 @@ mod tests {
         second.set_trace(&context.child());
         assert_ne!(first, second);
         assert_eq!(first.identity(), second.identity());
+    }
+
+    #[test]
+    fn a_payload_carries_a_context_with_its_other_sections_unchanged() {
+        let context = TraceContext::parse(PARENT).expect("valid").child();
+        let mut original = annotated("x-opt-other", Value::String("kept".to_owned()));
+        original.application_properties = Some(vec![
+            ("k".to_owned(), Value::Int(7)),
+            (TRACEPARENT.to_owned(), Value::String("00-nope".to_owned())),
+        ]);
+        original.body = Body::Value(fe2o3_amqp_types::messaging::AmqpValue(Value::String(
+            "body".to_owned(),
+        )));
+        let payload = original.encode().expect("encodes");
+        let carried = carried_on_payload(&payload, &context).expect("carried");
+        let read = AmqpMessage::decode(&carried).expect("decodes");
+        assert_eq!(TraceContext::of(&read), Ok(Some(context.clone())));
+        assert_eq!(read.property("k"), Some(&Value::Int(7)));
+        assert_eq!(read.body, original.body);
+        assert_eq!(read.message_annotations, original.message_annotations);
+        // Without application properties, the section is added before
+        // the body.
+        let bare = message();
+        let carried =
+            carried_on_payload(&bare.encode().expect("encodes"), &context).expect("carried");
+        let read = AmqpMessage::decode(&carried).expect("decodes");
+        assert_eq!(TraceContext::of(&read), Ok(Some(context)));
     }
 
     #[test]

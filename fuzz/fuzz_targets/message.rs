@@ -48,9 +48,13 @@ fuzz_target!(|payload: &[u8]| {
     if let Ok(encoded) = copy.encode() {
         AmqpMessage::decode(&encoded).expect("a copy decodes");
     }
-    // A trace context found is carried on a copy, and read back first.
+    // A trace context found is carried on a copy and on the payload as it
+    // arrived, and read back first from the copy.
     if let Ok(Some(context)) = TraceContext::of(&decoded) {
         let child = context.child();
+        if let Some(carried) = wharf_core::trace::carried_on_payload(payload, &child) {
+            let _ = AmqpMessage::decode(&carried);
+        }
         let mut carrying = copy;
         carrying.set_trace(&child);
         assert_eq!(TraceContext::of(&carrying), Ok(Some(child)));

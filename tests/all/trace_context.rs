@@ -1,6 +1,7 @@
 //! W3C trace context through wharf on a real broker: a publisher's context,
 //! in each form clients write it, continues on the outputs, replies and
-//! retry copies of its delivery, one new span id per publish.
+//! retry copies and dead letters of its delivery, one new span id per
+//! publish.
 
 use fe2o3_amqp::types::messaging::MessageAnnotations;
 use fe2o3_amqp::types::messaging::annotations::OwnedKey;
@@ -40,13 +41,16 @@ async fn a_publishers_context_in_any_form_continues_on_outputs_replies_and_copie
     let q = unique("trace");
     let out = format!("{q}.out");
     let replies = format!("{q}.replies");
+    let dead = format!("{q}.dead");
     let mount = MountToml::new("m", "fixture_script", &q)
+        .with(&format!("dead_letter = \"{dead}\"\nmax_attempts = 2"))
         .with("[tenant.mount.grants]")
         .with(&format!("send = [\"{out}\"]\nreply = true\nclocks = true"));
     let mut host = TestHost::start(&url, &[mount]).await?;
     let mut client = Client::connect(&url).await?;
     let mut outputs = client.watch(&out).await?;
     let mut answers = client.watch(&replies).await?;
+    let mut dead_letters = client.watch(&dead).await?;
     let script = format!("*:send={out},reply,ack");
     let message = |form: &str| {
         TestMessage::new(&format!("{q}.{form}"), form)
@@ -134,6 +138,27 @@ async fn a_publishers_context_in_any_form_continues_on_outputs_replies_and_copie
         );
     }
 
+    // A dead letter is the delivery as it arrived, but for a context of
+    // its own in the same trace.
+    let id = format!("{q}.dead");
+    client
+        .publish(
+            &q,
+            TestMessage::new(&id, "poison")
+                .script("*:retry")
+                .property(TRACEPARENT, SimpleValue::String(PARENT.into())),
+        )
+        .await?;
+    let (_, dead_letter) = dead_letters.next().await?;
+    let context = carried(&dead_letter, "the dead letter")?;
+    assert_eq!(context.trace_id_hex(), TRACE);
+    assert_ne!(context.span_id_hex(), "b7ad6b7169203331");
+    assert_eq!(
+        crate::client::message_id(&dead_letter).as_deref(),
+        Some(id.as_str())
+    );
+    assert_eq!(crate::client::body_text(&dead_letter), "poison");
+
     // A retry-after copy carries the trace to the next attempt, whose
     // output is in the same trace.
     let id = format!("{q}.retried");
@@ -176,6 +201,7 @@ async fn a_publishers_context_in_any_form_continues_on_outputs_replies_and_copie
     }
     outputs.close().await;
     answers.close().await;
+    dead_letters.close().await;
     client.close().await;
     host.stop().await
 }

@@ -8,7 +8,7 @@
 
 pub mod limits;
 mod seal;
-mod sections;
+pub(crate) mod sections;
 mod view;
 
 use std::time::{Duration, SystemTime};

@@ -26,7 +26,7 @@ const HEADER: u64 = 0x70;
 const DELIVERY_ANNOTATIONS: u64 = 0x71;
 pub(super) const MESSAGE_ANNOTATIONS: u64 = 0x72;
 const PROPERTIES: u64 = 0x73;
-const APPLICATION_PROPERTIES: u64 = 0x74;
+pub(crate) const APPLICATION_PROPERTIES: u64 = 0x74;
 const DATA: u64 = 0x75;
 const SEQUENCE: u64 = 0x76;
 const VALUE: u64 = 0x77;
@@ -161,7 +161,7 @@ fn section_code(bytes: &[u8]) -> Option<u64> {
 }
 
 /// Application properties of any type; keys must be strings (or symbols).
-fn application_properties(
+pub(crate) fn application_properties(
     index: usize,
     bytes: &[u8],
 ) -> Result<Vec<(String, Value)>, DecodeFailure> {

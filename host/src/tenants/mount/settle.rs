@@ -240,7 +240,11 @@ async fn publish_one(
             };
             let published = match payload {
                 Ok(payload) => {
-                    let payload = with_reason(payload, reason);
+                    let mut payload = with_reason(payload, reason);
+                    if let Some(trace) = arrived.trace {
+                        payload = wharf_core::trace::carried_on_payload(&payload, &trace.child())
+                            .unwrap_or(payload);
+                    }
                     published(context.publisher.publish(address, payload).await)
                 }
                 Err(e) => not_encoded(&e),
