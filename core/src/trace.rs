@@ -189,13 +189,20 @@ impl AmqpMessage {
                 self.message_annotations = None;
             }
         }
-        let properties = self.application_properties.get_or_insert_with(Vec::new);
-        properties
-            .retain(|(key, _)| key != TRACEPARENT && key != TRACESTATE && key != DIAGNOSTIC_ID);
-        properties.push((TRACEPARENT.to_owned(), Value::String(context.traceparent())));
-        if let Some(state) = &context.state {
-            properties.push((TRACESTATE.to_owned(), Value::String(state.clone())));
-        }
+        carry(
+            self.application_properties.get_or_insert_with(Vec::new),
+            context,
+        );
+    }
+}
+
+/// Puts `context` in application properties, in place of any context
+/// they held.
+fn carry(properties: &mut Vec<(String, Value)>, context: &TraceContext) {
+    properties.retain(|(key, _)| key != TRACEPARENT && key != TRACESTATE && key != DIAGNOSTIC_ID);
+    properties.push((TRACEPARENT.to_owned(), Value::String(context.traceparent())));
+    if let Some(state) = &context.state {
+        properties.push((TRACESTATE.to_owned(), Value::String(state.clone())));
     }
 }
 
@@ -207,17 +214,16 @@ impl AmqpMessage {
 /// travel as it is).
 pub fn carried_on_payload(payload: &[u8], context: &TraceContext) -> Option<bytes::Bytes> {
     use crate::message::limits::{self, ValueLimits};
-    use crate::message::sections::{APPLICATION_PROPERTIES, application_properties};
-    use fe2o3_amqp_types::primitives::OrderedMap;
-    use serde_amqp::described::Described;
-    use serde_amqp::descriptor::Descriptor;
+    use crate::message::sections::{
+        APPLICATION_PROPERTIES, application_properties, application_properties_section,
+    };
 
     let sections = limits::sections(payload)?;
-    let existing = sections
+    let mut properties = match sections
         .iter()
         .enumerate()
-        .find(|(_, (code, _))| *code == APPLICATION_PROPERTIES);
-    let mut properties = match existing {
+        .find(|(_, (code, _))| *code == APPLICATION_PROPERTIES)
+    {
         Some((index, (_, range))) => {
             let bytes = &payload[range.clone()];
             limits::check(bytes, ValueLimits::DEFAULT).ok()?;
@@ -225,45 +231,14 @@ pub fn carried_on_payload(payload: &[u8], context: &TraceContext) -> Option<byte
         }
         None => Vec::new(),
     };
-    let mut carrier = AmqpMessage {
-        header: None,
-        delivery_annotations: None,
-        message_annotations: None,
-        properties: None,
-        application_properties: Some(std::mem::take(&mut properties)),
-        body: fe2o3_amqp_types::messaging::Body::Empty,
-        footer: None,
-        unread: Vec::new(),
-    };
-    carrier.set_trace(context);
-    let map: OrderedMap<Value, Value> = carrier
-        .application_properties
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(key, value)| (Value::String(key), value))
-        .collect();
-    let section = Described {
-        descriptor: Descriptor::Code(APPLICATION_PROPERTIES),
-        value: Value::Map(map),
-    };
-    let encoded = serde_amqp::to_vec(&section).ok()?;
-    // Application properties go after the header, annotations and
-    // properties, before the body.
-    let (at, skip) = match existing {
-        Some((_, (_, range))) => (range.start, range.len()),
-        None => (
-            sections
-                .iter()
-                .find(|(code, _)| *code > APPLICATION_PROPERTIES)
-                .map_or(payload.len(), |(_, range)| range.start),
-            0,
-        ),
-    };
-    let mut out = Vec::with_capacity(payload.len() + encoded.len());
-    out.extend_from_slice(&payload[..at]);
-    out.extend_from_slice(&encoded);
-    out.extend_from_slice(&payload[at + skip..]);
-    Some(bytes::Bytes::from(out))
+    carry(&mut properties, context);
+    let encoded = serde_amqp::to_vec(&application_properties_section(&properties)).ok()?;
+    Some(crate::message::with_section(
+        payload,
+        &sections,
+        APPLICATION_PROPERTIES,
+        &encoded,
+    ))
 }
 
 /// A string or binary value as text.

@@ -291,22 +291,39 @@ pub fn annotate(payload: &[u8], key: &str, value: &str) -> Option<bytes::Bytes> 
         Value::String(value.to_owned()),
     );
     let encoded = serde_amqp::to_vec(&annotations).ok()?;
-    // Annotations go after the header and delivery annotations.
-    let (at, skip) = match existing {
+    Some(with_section(
+        payload,
+        &sections,
+        sections::MESSAGE_ANNOTATIONS,
+        &encoded,
+    ))
+}
+
+/// `payload` with its section `code` (as `sections` found them) replaced
+/// by `encoded`, or `encoded` put where that section goes (before the
+/// first section of a higher code) when it has none; every other section
+/// stays byte for byte as it was.
+pub(crate) fn with_section(
+    payload: &[u8],
+    sections: &[(u64, std::ops::Range<usize>)],
+    code: u64,
+    encoded: &[u8],
+) -> bytes::Bytes {
+    let (at, skip) = match sections.iter().find(|(found, _)| *found == code) {
         Some((_, range)) => (range.start, range.len()),
         None => (
             sections
                 .iter()
-                .find(|(code, _)| *code > sections::MESSAGE_ANNOTATIONS)
+                .find(|(found, _)| *found > code)
                 .map_or(payload.len(), |(_, range)| range.start),
             0,
         ),
     };
     let mut out = Vec::with_capacity(payload.len() + encoded.len());
     out.extend_from_slice(&payload[..at]);
-    out.extend_from_slice(&encoded);
+    out.extend_from_slice(encoded);
     out.extend_from_slice(&payload[at + skip..]);
-    Some(bytes::Bytes::from(out))
+    bytes::Bytes::from(out)
 }
 
 /// Message annotations a copy does not carry: the producer's scheduling

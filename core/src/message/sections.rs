@@ -186,6 +186,18 @@ pub(crate) fn application_properties(
         .collect()
 }
 
+/// The application-properties section holding `properties`, string keys.
+pub(crate) fn application_properties_section(properties: &[(String, Value)]) -> Described<Value> {
+    let map: OrderedMap<Value, Value> = properties
+        .iter()
+        .map(|(key, value)| (Value::String(key.clone()), value.clone()))
+        .collect();
+    Described {
+        descriptor: Descriptor::Code(APPLICATION_PROPERTIES),
+        value: Value::Map(map),
+    }
+}
+
 pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
     fn put(out: &mut Vec<u8>, section: &impl serde::Serialize) -> Result<(), DecodeFailure> {
         let bytes = serde_amqp::to_vec(section)
@@ -214,15 +226,10 @@ pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
         put(&mut out, properties)?;
     }
     if let Some(application_properties) = &message.application_properties {
-        let map: OrderedMap<Value, Value> = application_properties
-            .iter()
-            .map(|(key, value)| (Value::String(key.clone()), value.clone()))
-            .collect();
-        let section = Described {
-            descriptor: Descriptor::Code(APPLICATION_PROPERTIES),
-            value: Value::Map(map),
-        };
-        put(&mut out, &section)?;
+        put(
+            &mut out,
+            &application_properties_section(application_properties),
+        )?;
     }
     put(&mut out, &message.body)?;
     if let Some(footer) = &message.footer {
