@@ -8,6 +8,7 @@
 //! - [`tenants`]: mounts at work, joining the three above;
 //! - [`events`]: what the host did, for anyone watching;
 //! - [`logging`]: the log writer, which never blocks the runtime;
+//! - [`telemetry`]: spans exported over OTLP;
 //! - [`admin`]: metrics and health over HTTP;
 //! - [`authoring`]: tools for handler authors (`wharf new`, `invoke`,
 //!   `componentize`).
@@ -19,6 +20,7 @@ pub mod events;
 pub mod logging;
 pub mod sandbox;
 pub mod settlement;
+pub mod telemetry;
 pub mod tenants;
 
 pub use tenants::{Host, HostError, RunningHost};

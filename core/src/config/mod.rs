@@ -194,12 +194,77 @@ pub struct Config {
     pub host: HostSettings,
     /// The admin listener, if any.
     pub admin: Option<Admin>,
+    /// Trace export: off unless an endpoint is configured here or in the
+    /// `OTEL_*` environment.
+    pub telemetry: Telemetry,
     /// Every tenant, in file order.
     pub tenants: Vec<Tenant>,
     /// The key copies' retry counts are sealed with, and checked by: a
     /// count without a valid seal is not believed. `None` believes every
     /// count, as other runtimes using `x-ruststream-retry-count` expect.
     pub retry_key: Option<RetryKey>,
+}
+
+/// The `[telemetry]` section: spans exported over OTLP. Each key wins
+/// over the `OTEL_*` variable that sets the same thing; what neither sets
+/// takes the OpenTelemetry default.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Telemetry {
+    /// The collector: `http://host:4318` (OTLP over HTTP/protobuf; the
+    /// exporter adds `/v1/traces`) or `http://host:4317` (gRPC).
+    pub endpoint: Option<String>,
+    /// `http/protobuf` or `grpc`.
+    pub protocol: Option<OtlpProtocol>,
+    /// The `service.name` of the spans; `wharf` when nothing sets it.
+    pub service_name: Option<String>,
+    /// The sampler, by its `OTEL_TRACES_SAMPLER` name.
+    #[serde(default, deserialize_with = "sampler")]
+    pub sampler: Option<String>,
+    /// The ratio of the `traceidratio` samplers.
+    pub sampler_ratio: Option<f64>,
+    /// How a delivery's span joins its publisher's trace.
+    #[serde(default)]
+    pub parent: ParentMode,
+    /// Spans waiting for export at most; past it a span is dropped (and
+    /// counted), never waited for.
+    pub max_queue: Option<usize>,
+    /// Spans in one export at most.
+    pub max_batch: Option<usize>,
+    /// How long a span may wait for a fuller batch.
+    #[serde(default, deserialize_with = "units::optional_duration")]
+    pub export_delay: Option<Duration>,
+}
+
+/// The OTLP transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum OtlpProtocol {
+    /// Protobuf over HTTP (port 4318).
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    /// gRPC (port 4317).
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+/// How a delivery's `process` span relates to the context its publisher
+/// sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParentMode {
+    /// A child of the publisher's span, in its trace.
+    #[default]
+    Child,
+    /// The first span of a trace of its own, linked to the publisher's
+    /// (for publishers whose traces should not grow with every consumer).
+    Link,
+}
+
+/// A sampler name, checked as it is read.
+fn sampler<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = String::deserialize(d)?;
+    crate::trace::Sampler::parse(&name, None).map_err(serde::de::Error::custom)?;
+    Ok(Some(name))
 }
 
 /// The HTTP listener for `/metrics`, `/healthz` and `/readyz`.
@@ -564,6 +629,8 @@ struct RawConfig {
     #[serde(default)]
     host: HostSettings,
     admin: Option<RawAdmin>,
+    #[serde(default)]
+    telemetry: Telemetry,
     #[serde(default, rename = "tenant")]
     tenants: Vec<RawTenant>,
 }
@@ -900,6 +967,7 @@ impl Config {
             broker,
             host: raw.host,
             admin,
+            telemetry: raw.telemetry,
             tenants,
             retry_key,
         })

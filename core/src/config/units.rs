@@ -60,6 +60,12 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
     parse_duration(&String::deserialize(d)?).map_err(D::Error::custom)
 }
 
+pub(crate) fn optional_duration<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

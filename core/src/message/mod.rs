@@ -115,6 +115,30 @@ impl AmqpMessage {
             .map(view::message_id_text)
     }
 
+    /// The `correlation-id` property, as text.
+    pub fn correlation_id(&self) -> Option<String> {
+        self.properties
+            .as_ref()?
+            .correlation_id
+            .as_ref()
+            .map(view::message_id_text)
+    }
+
+    /// The bytes of the body, when it holds bytes or text (`data`
+    /// sections, or a binary or string `amqp-value`).
+    pub fn body_size(&self) -> Option<usize> {
+        match &self.body {
+            Body::Data(sections) => Some(sections.iter().map(|d| d.0.len()).sum()),
+            Body::Value(value) => match &value.0 {
+                Value::Binary(bytes) => Some(bytes.len()),
+                Value::String(text) => Some(text.len()),
+                _ => None,
+            },
+            Body::Empty => Some(0),
+            Body::Sequence(_) => None,
+        }
+    }
+
     /// The broker's redelivery count and the host's retry count.
     pub fn counters(&self) -> Counters {
         let annotation = |key: &str| {

@@ -12,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
+use crate::telemetry::SpanCounts;
 use crate::sandbox::LogTags;
 use crate::settlement::{Disposition, Outcome};
 
@@ -65,6 +66,7 @@ pub struct Metrics {
     broker_connections: Family<BrokerLabels, Gauge>,
     broker_connections_lost: Family<BrokerLabels, Counter>,
     log_lines_dropped: Counter,
+    spans: SpanCounts,
     /// Every delivery handled, over all mounts: one number to watch.
     handled_total: AtomicU64,
 }
@@ -119,6 +121,18 @@ impl Metrics {
             "log_lines_dropped",
             "Log lines dropped because the log's writer was behind (a slow or stalled stderr)",
         );
+        let spans = SpanCounts {
+            exported: registered(
+                &mut registry,
+                "trace_spans_exported",
+                "Spans the OTLP collector took",
+            ),
+            dropped: registered(
+                &mut registry,
+                "trace_spans_dropped",
+                "Spans dropped: the export queue was full, or the collector did not take them",
+            ),
+        };
         let output_dropped = registered(
             &mut registry,
             "handler_output_dropped_bytes",
@@ -189,6 +203,7 @@ impl Metrics {
             module_reloads,
             output_dropped,
             log_lines_dropped,
+            spans,
             mounts_running,
             links_up,
             link_failures,
@@ -238,6 +253,11 @@ impl Metrics {
     /// Counts mounts starting (`+1`) and stopping (`-1`).
     pub fn mounts_running(&self, change: i64) {
         self.mounts_running.inc_by(change);
+    }
+
+    /// The counters trace export counts its spans in.
+    pub fn span_counts(&self) -> SpanCounts {
+        self.spans.clone()
     }
 
     /// Everything in the Prometheus text format.

@@ -26,6 +26,7 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::store::InstanceSetup;
 use crate::grants::{Guarded, Host, Target};
+use crate::telemetry::{Kind, Telemetry};
 use wharf_core::trace::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// Outbound HTTP connections one instance may hold at once.
@@ -52,9 +53,18 @@ type ConnectionPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 pub(crate) struct HttpGate {
     setup: Arc<InstanceSetup>,
     connections: Arc<Semaphore>,
-    /// The trace context of the delivery being handled: each request
-    /// carries a child of it.
-    pub(crate) trace: Option<TraceContext>,
+    /// The delivery being handled, in its trace: each request is a span
+    /// below it and carries that span's context.
+    pub(crate) trace: HttpTrace,
+}
+
+/// Where a handler's requests stand in a trace.
+#[derive(Clone, Default)]
+pub(crate) struct HttpTrace {
+    /// The delivery's context, if it has one.
+    pub(crate) context: Option<TraceContext>,
+    /// Where request spans go.
+    pub(crate) telemetry: Telemetry,
 }
 
 impl HttpGate {
@@ -62,7 +72,7 @@ impl HttpGate {
         HttpGate {
             setup,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_INSTANCE)),
-            trace: None,
+            trace: HttpTrace::default(),
         }
     }
 
@@ -146,8 +156,8 @@ impl HttpGate {
             Err(_) => return Err(Error::ConnectionTimeout),
         };
         let _ = tcp.set_nodelay(true);
-        if let Some(trace) = &self.trace {
-            carry_trace(request.headers_mut(), &trace.child());
+        if let Some(trace) = &self.trace.context {
+            carry_trace(request.headers_mut(), trace);
         }
         let path = request
             .uri()
@@ -285,11 +295,49 @@ impl WasiHttpHooks for HttpGate {
             );
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         };
+        let method = request.method().as_str().to_owned();
+        let (context, mut span) =
+            self.trace
+                .telemetry
+                .child(self.trace.context.as_ref(), || method.clone(), Kind::Client);
+        if let Some(span) = &mut span {
+            span.set("http.request.method", method);
+            span.set("url.full", request.uri().to_string());
+            if let Some(host) = request.uri().host() {
+                span.set("server.address", host.to_owned());
+            }
+            if let Some(port) = request.uri().port_u16() {
+                span.set("server.port", i64::from(port));
+            }
+        }
         let gate = HttpGate {
             setup: self.setup.clone(),
             connections: self.connections.clone(),
-            trace: self.trace.clone(),
+            trace: HttpTrace {
+                context,
+                telemetry: self.trace.telemetry.clone(),
+            },
         };
-        Box::new(async move { gate.send(request, options, permits).await })
+        Box::new(async move {
+            let sent = gate.send(request, options, permits).await;
+            if let Some(span) = &mut span {
+                match &sent {
+                    Ok((response, _)) => {
+                        let status = response.status().as_u16();
+                        span.set("http.response.status_code", i64::from(status));
+                        if status >= 400 {
+                            span.fail(status.to_string(), "");
+                        }
+                    }
+                    Err(e) => {
+                        // The error's variant: `ConnectionRefused`, `Connect`, …
+                        let kind = format!("{e:?}");
+                        let kind = kind.split(['(', ' ', '{']).next().unwrap_or("Error");
+                        span.fail(kind.to_owned(), e.to_string());
+                    }
+                }
+            }
+            sent
+        })
     }
 }

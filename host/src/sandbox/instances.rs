@@ -14,7 +14,9 @@ use super::cpu::{CpuLane, OnCpu};
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
 use super::share::TenantShare;
+use super::http::HttpTrace;
 use super::store::{InstanceSetup, StoreState};
+use crate::telemetry::Telemetry;
 use super::{Delivery, InstancePolicy, Outcome};
 use wharf_core::trace::TraceContext;
 
@@ -248,9 +250,13 @@ impl Reserved {
     }
 
     /// The trace context of the delivery it will handle: its HTTP
-    /// requests carry a child of it.
-    pub fn traced(mut self, trace: Option<&TraceContext>) -> Reserved {
-        self.instance.store.data_mut().http_gate.trace = trace.cloned();
+    /// requests are spans below it (recorded in `telemetry`), each
+    /// carrying its own context.
+    pub fn traced(mut self, trace: Option<&TraceContext>, telemetry: &Telemetry) -> Reserved {
+        self.instance.store.data_mut().http_gate.trace = HttpTrace {
+            context: trace.cloned(),
+            telemetry: telemetry.clone(),
+        };
         self
     }
 
@@ -456,7 +462,7 @@ impl Instances {
             {
                 tracing::debug!(error = ?e, "a kept instance could not take its delivery; trying a fresh one");
                 let deadline = instance.store.data().deadline;
-                let trace = instance.store.data_mut().http_gate.trace.take();
+                let trace = std::mem::take(&mut instance.store.data_mut().http_gate.trace);
                 instance.store = self.store();
                 instance.store.data_mut().http_gate.trace = trace;
                 instance.handler = None;

@@ -151,7 +151,7 @@ impl StoreState {
     /// delivery has its own output allowance.
     pub(crate) fn end_call(&mut self) {
         self.cpu.reset();
-        self.http_gate.trace = None;
+        self.http_gate.trace = super::http::HttpTrace::default();
         self.stdout.end_call();
         self.stderr.end_call();
     }

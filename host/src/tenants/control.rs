@@ -17,6 +17,7 @@ use super::mount::{self, AttachedMount, ModuleSlot, MountSpec, instances_for};
 use super::reload::{self, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
 use super::{load_modules, warn_if_pool_short};
+use crate::telemetry::Telemetry;
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
 use crate::config::{Broker, Config, Mount, Node, SaslMechanism, SubscriptionKind, Tenant};
@@ -66,6 +67,7 @@ pub(super) struct Control {
     watcher: FileWatcher,
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
+    telemetry: Telemetry,
     health: Arc<Health>,
     /// Cancelled by a shutdown request, so waits on a broker end at once.
     stopping: CancellationToken,
@@ -104,6 +106,7 @@ impl Control {
         slots: InstanceSlots,
         events: broadcast::Sender<Event>,
         metrics: Arc<Metrics>,
+        telemetry: Telemetry,
         health: Arc<Health>,
         stopping: CancellationToken,
     ) -> Control {
@@ -119,6 +122,7 @@ impl Control {
             watcher: FileWatcher::new(),
             events,
             metrics,
+            telemetry,
             health,
             stopping,
         };
@@ -215,6 +219,7 @@ impl Control {
             limits,
             self.events.clone(),
             self.metrics.mount(&tags),
+            self.telemetry.clone(),
             self.config.host.shutdown_grace,
             generation,
             self.buffered.clone(),

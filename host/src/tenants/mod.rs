@@ -22,7 +22,11 @@ use crate::admin::{AdminServer, Health, Metrics};
 use crate::config::Config;
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
 use crate::sandbox::{CallLimits, Instances, LoadError, LogTags, Module, Sandbox, TenantShare};
+use crate::telemetry::{Exporter, Settings, Telemetry};
 use control::{Command, Control};
+
+/// How long a stopping host waits for its last spans to be exported.
+const EXPORT_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why the host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +37,9 @@ pub enum HostError {
     /// One or more modules are not usable handlers.
     #[error("{}", join_lines(.0))]
     Modules(Vec<MountError<LoadError>>),
+    /// `[telemetry]` cannot be used.
+    #[error("[telemetry]: {0}")]
+    Telemetry(String),
     /// The admin listener could not be started.
     #[error("admin listener on {address}: {reason}")]
     Admin {
@@ -122,6 +129,7 @@ impl Host {
             ),
             None => None,
         };
+        let (telemetry, exporter) = start_telemetry(&self.config, &self.metrics)?;
         let events = self.events.clone();
         let metrics = self.metrics.clone();
         let stopping = CancellationToken::new();
@@ -133,6 +141,7 @@ impl Host {
             slots,
             self.events,
             self.metrics,
+            telemetry,
             health,
             stopping.clone(),
         );
@@ -145,8 +154,37 @@ impl Host {
             events,
             admin,
             metrics,
+            exporter,
         })
     }
+}
+
+/// Starts trace export when `[telemetry]` or the `OTEL_*` environment
+/// asks for it.
+fn start_telemetry(
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<(Telemetry, Option<Exporter>), HostError> {
+    let mut warnings = Vec::new();
+    let settings = Settings::resolve(
+        &config.telemetry,
+        |name| std::env::var(name).ok(),
+        &mut warnings,
+    )
+    .map_err(HostError::Telemetry)?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    let Some(settings) = settings else {
+        return Ok((Telemetry::off(), None));
+    };
+    let (telemetry, exporter) = Telemetry::start(&settings, metrics.span_counts()).map_err(HostError::Telemetry)?;
+    tracing::info!(
+        endpoint = settings.endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"),
+        sampler = %settings.sampler,
+        "exporting spans over OTLP"
+    );
+    Ok((telemetry, Some(exporter)))
 }
 
 /// Says when the mounts' `concurrency` adds up to more than the host's
@@ -258,6 +296,7 @@ pub struct RunningHost {
     events: broadcast::Sender<Event>,
     admin: Option<AdminServer>,
     metrics: Arc<Metrics>,
+    exporter: Option<Exporter>,
 }
 
 impl RunningHost {
@@ -270,6 +309,11 @@ impl RunningHost {
     /// Watches what the host does.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
+    }
+
+    /// The metrics, in the Prometheus text format `/metrics` serves.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.encode()
     }
 
     /// Where the admin listener listens, if the config asks for one.
@@ -297,6 +341,9 @@ impl RunningHost {
         self.stopping.cancel();
         let _ = self.commands.send(Command::Shutdown);
         let _ = (&mut self.task).await;
+        if let Some(exporter) = self.exporter.take() {
+            exporter.flush(EXPORT_FLUSH).await;
+        }
     }
 }
 

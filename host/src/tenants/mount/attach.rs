@@ -29,6 +29,29 @@ pub(crate) struct MountContext {
     /// Whether an at-most-once outcome that cannot act has been logged at
     /// warn level yet; later ones go to debug.
     pub(crate) unsupported_warned: AtomicBool,
+    /// The broker, as spans name it.
+    pub(crate) peer: Peer,
+}
+
+/// The broker a mount's links are on, in the OpenTelemetry messaging
+/// conventions' terms.
+pub(crate) struct Peer {
+    /// `messaging.system`: `activemq`, `rabbitmq`, or `amqp` for a broker
+    /// the conventions have no name for.
+    pub(crate) system: &'static str,
+    /// `server.address`.
+    pub(crate) address: String,
+    /// `server.port`.
+    pub(crate) port: u16,
+}
+
+impl Peer {
+    /// Puts the peer's attributes on `span`.
+    pub(crate) fn describe(&self, span: &mut crate::telemetry::Span) {
+        span.set("messaging.system", self.system);
+        span.set("server.address", self.address.clone());
+        span.set("server.port", i64::from(self.port));
+    }
 }
 
 impl MountContext {
@@ -240,6 +263,17 @@ impl Links {
             duplicate_ids: session.offers.is_artemis() && publisher.transactions().is_none(),
             publisher,
             unsupported_warned: AtomicBool::new(false),
+            peer: Peer {
+                system: if session.offers.is_artemis() {
+                    "activemq"
+                } else if session.offers.is_rabbitmq() {
+                    "rabbitmq"
+                } else {
+                    "amqp"
+                },
+                address: session.endpoint.host.clone(),
+                port: session.endpoint.port,
+            },
         };
         AttachedMount {
             context: Arc::new(context),

@@ -51,9 +51,8 @@ pub(super) async fn handle(
     let counters = message.counters();
     let attempt = counters.attempt();
     let message_id = message.message_id();
-    // This attempt's span, below the publisher's when it sent a context.
-    let trace = match TraceContext::of(&message) {
-        Ok(parent) => parent.map(|parent| parent.child()),
+    let publisher = match TraceContext::of(&message) {
+        Ok(publisher) => publisher,
         Err(malformed) => {
             spec.metrics.trace_context_malformed();
             tracing::debug!(
@@ -65,6 +64,27 @@ pub(super) async fn handle(
             None
         }
     };
+    // This attempt's span, below the publisher's when it sent a context.
+    let (trace, mut process) = spec
+        .telemetry
+        .process(publisher.as_ref(), || format!("process {}", spec.config.address));
+    if let Some(span) = &mut process {
+        context.peer.describe(span);
+        span.set("messaging.operation.type", "process");
+        span.set("messaging.destination.name", spec.config.address.clone());
+        if let Some(id) = &message_id {
+            span.set("messaging.message.id", id.clone());
+        }
+        if let Some(id) = message.correlation_id() {
+            span.set("messaging.message.conversation_id", id);
+        }
+        if let Some(size) = message.body_size() {
+            span.set("messaging.message.body.size", size as i64);
+        }
+        span.set("wharf.tenant", spec.tags.tenant.to_string());
+        span.set("wharf.mount", spec.tags.mount.to_string());
+        span.set("wharf.attempt", i64::from(attempt));
+    }
     let span = tracing::info_span!(
         "handle",
         messaging.system = "amqp",
@@ -93,7 +113,7 @@ pub(super) async fn handle(
         let started = Instant::now();
         // The instance's memory stays counted in the tenant's budget until
         // the delivery is settled.
-        let instance = instance.traced(trace.as_ref());
+        let instance = instance.traced(trace.as_ref(), &spec.telemetry);
         let (result, outputs, _memory) = run_handler(&context, instance, &message, attempt).await;
         let took = started.elapsed();
         drop(handler_slot);
@@ -132,6 +152,19 @@ pub(super) async fn handle(
             spec.note_modified(&message, attempt);
         }
         spec.metrics.handled(outcome, settled.disposition, took);
+        if let Some(span) = &mut process {
+            span.set("wharf.module.version", module_version.to_string());
+            span.set("wharf.outcome", outcome.to_string());
+            span.set(
+                "wharf.disposition",
+                settled.disposition.map_or("none", Disposition::as_str),
+            );
+            if let Err(failure) = &result {
+                span.fail(failure.kind(), failure.to_string());
+            } else if let Some(error) = &settled.error {
+                span.fail("settlement", error.clone());
+            }
+        }
         let carried_out = settled.instead.as_ref().unwrap_or(&plan);
         let fate = fate(
             outcome,

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget::{Buffered, TenantLimits};
 use super::supervisor::{self, State, Supervised};
+use crate::telemetry::Telemetry;
 use crate::admin::{Health, MountMetrics};
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::broker::management::{self, QueueInfo, QueueKind};
@@ -101,6 +102,8 @@ pub(crate) struct MountSpec {
     pub(crate) tenant: Arc<TenantLimits>,
     pub(crate) events: broadcast::Sender<Event>,
     pub(crate) metrics: MountMetrics,
+    /// Where the spans of its deliveries go.
+    pub(crate) telemetry: Telemetry,
     /// The waits after a failed copy or dead-letter publish, shared by the
     /// mount's deliveries so a broker refusing publishes slows them all.
     pub(crate) publish_backoff: Mutex<Backoff>,
@@ -166,6 +169,7 @@ impl MountSpec {
         tenant: Arc<TenantLimits>,
         events: broadcast::Sender<Event>,
         metrics: MountMetrics,
+        telemetry: Telemetry,
         grace: Duration,
         generation: u64,
         host_buffered: Buffered,
@@ -183,6 +187,7 @@ impl MountSpec {
             tenant,
             events,
             metrics,
+            telemetry,
             grace,
             generation,
             host_buffered,

@@ -18,6 +18,7 @@ use crate::sandbox::Outgoing;
 use crate::settlement::{
     self, AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Publish, Published,
 };
+use crate::telemetry::{Kind, Span};
 use wharf_core::trace::TraceContext;
 
 /// The message annotation a dead letter carries when the host knows more
@@ -163,7 +164,24 @@ async fn carry_out_plan(
                 error,
             });
         };
+        let (_, mut span) = context.spec.telemetry.child(
+            arrived.trace,
+            || format!("settle {}", context.spec.config.address),
+            Kind::Client,
+        );
+        if let Some(span) = &mut span {
+            context.peer.describe(span);
+            span.set("messaging.operation.type", "settle");
+            span.set("messaging.operation.name", disposition.as_str());
+            span.set(
+                "messaging.destination.name",
+                context.spec.config.address.clone(),
+            );
+        }
         let sent = settler.settle(arrived.info.clone(), disposition).await;
+        if let (Some(span), Err(error)) = (&mut span, &sent) {
+            span.fail("settle", error.clone());
+        }
         Step::Done(Settled {
             disposition: sent.is_ok().then_some(disposition),
             instead: None,
@@ -238,17 +256,20 @@ async fn publish_one(
                 Some(payload) => Ok(payload.clone()),
                 None => arrived.message.encode(),
             };
+            let (trace, mut span) = send_span(context, arrived.trace, address);
+            crate::telemetry::set(&mut span, "wharf.dead_letter", true);
             let published = match payload {
                 Ok(payload) => {
                     let mut payload = with_reason(payload, reason);
-                    if let Some(trace) = arrived.trace {
-                        payload = wharf_core::trace::carried_on_payload(&payload, &trace.child())
+                    if let Some(trace) = &trace {
+                        payload = wharf_core::trace::carried_on_payload(&payload, trace)
                             .unwrap_or(payload);
                     }
                     published(context.publisher.publish(address, payload).await)
                 }
                 Err(e) => not_encoded(&e),
             };
+            sent(span, &published);
             if published == Published::Accepted {
                 spec.metrics.dead_lettered();
             }
@@ -268,8 +289,16 @@ async fn publish_one(
                 }
             };
             let mut copy = arrived.message.copy(retry_count, due);
-            if let Some(trace) = arrived.trace {
-                copy.set_trace(&trace.child());
+            let (trace, mut span) = send_span(context, arrived.trace, &spec.config.address);
+            if let Some(trace) = &trace {
+                copy.set_trace(trace);
+            }
+            if let Some(span) = &mut span {
+                span.set("wharf.retry_count", i64::from(retry_count));
+                span.set("wharf.delay_ms", delay.as_millis() as i64);
+                if let Some(id) = copy.message_id() {
+                    span.set("messaging.message.id", id);
+                }
             }
             if let Some(key) = &spec.retry_key {
                 copy.seal_retry_count(key);
@@ -283,6 +312,7 @@ async fn publish_one(
                 ),
                 Err(e) => not_encoded(&e),
             };
+            sent(span, &published);
             spec.metrics
                 .copy_published(published == Published::Accepted);
             let _ = spec.events.send(Event::CopyPublished {
@@ -332,14 +362,15 @@ fn not_encoded(error: &message::DecodeFailure) -> Published {
 }
 
 /// The outputs of the handler of `input`, encoded, each with its
-/// deterministic message-id.
+/// deterministic message-id, and the span of sending each.
 fn encode_outputs(
     context: &MountContext,
     input: &Arrived<'_>,
     outputs: &[Outgoing],
-) -> Result<Vec<Output>, message::DecodeFailure> {
+) -> Result<(Vec<Output>, Vec<Option<Span>>), message::DecodeFailure> {
     let input_id = input.message.identity();
-    outputs
+    let mut spans = Vec::with_capacity(outputs.len());
+    let encoded = outputs
         .iter()
         .enumerate()
         .map(|(index, output)| {
@@ -349,15 +380,53 @@ fn encode_outputs(
                 index,
                 context.duplicate_ids,
             );
-            if let Some(trace) = input.trace {
-                message.set_trace(&trace.child());
+            let (trace, mut span) = send_span(context, input.trace, &output.address);
+            if let Some(trace) = &trace {
+                message.set_trace(trace);
             }
+            if let (Some(span), Some(id)) = (&mut span, message.message_id()) {
+                span.set("messaging.message.id", id);
+            }
+            spans.push(span);
             Ok(Output {
                 address: output.address.clone(),
                 payload: message.encode()?,
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((encoded, spans))
+}
+
+/// The span of publishing to `address`, below `parent`, and the context
+/// the message carries.
+fn send_span(
+    context: &MountContext,
+    parent: Option<&TraceContext>,
+    address: &str,
+) -> (Option<TraceContext>, Option<Span>) {
+    let (trace, mut span) =
+        context
+            .spec
+            .telemetry
+            .child(parent, || format!("send {address}"), Kind::Producer);
+    if let Some(span) = &mut span {
+        context.peer.describe(span);
+        span.set("messaging.operation.type", "send");
+        span.set("messaging.destination.name", address.to_owned());
+    }
+    (trace, span)
+}
+
+/// Ends a publish's span with what the broker answered.
+fn sent(span: Option<Span>, published: &Published) {
+    if let (Some(mut span), Some(failure)) = (span, published.failure()) {
+        let kind = match published {
+            Published::Refused { .. } => "refused",
+            Published::NotSent { .. } => "not_sent",
+            _ => "unknown",
+        };
+        span.fail(kind, failure.to_owned());
+    }
 }
 
 /// Posts every output of the handler of `arrived` and accepts it in one
@@ -368,11 +437,15 @@ async fn commit_outputs(
     arrived: &Arrived<'_>,
     outputs: &[Outgoing],
 ) -> Published {
-    let encoded = match encode_outputs(context, arrived, outputs) {
+    let (encoded, spans) = match encode_outputs(context, arrived, outputs) {
         Ok(encoded) => encoded,
         Err(e) => return not_encoded(&e),
     };
     let committed = published(transactions.commit(arrived.info.clone(), encoded).await);
+    for mut span in spans {
+        crate::telemetry::set(&mut span, "wharf.transaction", true);
+        sent(span, &committed);
+    }
     let (sent, failed) = match committed {
         Published::Accepted => (outputs.len(), 0),
         _ => (0, outputs.len()),
@@ -390,18 +463,22 @@ async fn publish_outputs(
     input: &Arrived<'_>,
     outputs: &[Outgoing],
 ) -> Published {
-    let encoded = match encode_outputs(context, input, outputs) {
+    let (encoded, spans) = match encode_outputs(context, input, outputs) {
         Ok(encoded) => encoded,
         Err(e) => return not_encoded(&e),
     };
-    let answers = futures_util::future::join_all(encoded.into_iter().map(|output| async move {
-        published(
-            context
-                .publisher
-                .publish_output(&output.address, output.payload)
-                .await,
-        )
-    }))
+    let answers = futures_util::future::join_all(encoded.into_iter().zip(spans).map(
+        |(output, span)| async move {
+            let answer = published(
+                context
+                    .publisher
+                    .publish_output(&output.address, output.payload)
+                    .await,
+            );
+            sent(span, &answer);
+            answer
+        },
+    ))
     .await;
     let failed = answers
         .iter()

@@ -14,6 +14,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod sampler;
+
+pub use sampler::{Decision, SAMPLED, Sampler};
+
 use fe2o3_amqp_types::messaging::annotations::OwnedKey;
 use fe2o3_amqp_types::primitives::{Symbol, Value};
 
@@ -100,6 +104,25 @@ impl TraceContext {
     /// The span id in hex.
     pub fn span_id_hex(&self) -> String {
         to_hex(&self.span_id)
+    }
+
+    /// The first span of a new trace, with `flags`.
+    pub fn root(flags: u8) -> TraceContext {
+        let (high, low) = (new_span_id(), new_span_id());
+        let mut trace_id = [0; 16];
+        trace_id[..8].copy_from_slice(&high);
+        trace_id[8..].copy_from_slice(&low);
+        TraceContext {
+            trace_id,
+            span_id: new_span_id(),
+            flags,
+            state: None,
+        }
+    }
+
+    /// Whether the trace is recorded (its sampled flag).
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
     }
 
     /// A new span in the same trace, below this one: the same trace id,

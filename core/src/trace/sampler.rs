@@ -1,0 +1,162 @@
+//! Which traces are recorded: the OpenTelemetry samplers, by the names
+//! `OTEL_TRACES_SAMPLER` gives them, decided on a span's trace id and its
+//! parent's flags so that every process in a trace decides the same.
+
+use std::fmt;
+
+use super::TraceContext;
+
+/// The trace flag that says a trace is recorded.
+pub const SAMPLED: u8 = 0x01;
+
+/// A sampler: what becomes of a trace that starts here, and whether a
+/// parent's decision is followed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampler {
+    /// The decision for a trace that starts here (and, when not
+    /// `parent_based`, for every trace).
+    pub root: Decision,
+    /// Whether a span with a parent follows the parent's sampled flag.
+    pub parent_based: bool,
+}
+
+/// How a sampler decides a trace without a parent to follow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decision {
+    /// Every trace is recorded.
+    AlwaysOn,
+    /// No trace is recorded.
+    AlwaysOff,
+    /// This share of traces (0 to 1), chosen by trace id.
+    Ratio(f64),
+}
+
+impl Default for Sampler {
+    /// `parentbased_always_on`, the OpenTelemetry default.
+    fn default() -> Sampler {
+        Sampler {
+            root: Decision::AlwaysOn,
+            parent_based: true,
+        }
+    }
+}
+
+impl Sampler {
+    /// The sampler `name` (an `OTEL_TRACES_SAMPLER` value) with `arg` (an
+    /// `OTEL_TRACES_SAMPLER_ARG` value, the ratio of the `traceidratio`
+    /// samplers, 1.0 when absent).
+    pub fn parse(name: &str, arg: Option<&str>) -> Result<Sampler, String> {
+        let ratio = || -> Result<Decision, String> {
+            let Some(arg) = arg else {
+                return Ok(Decision::Ratio(1.0));
+            };
+            match arg.trim().parse::<f64>() {
+                Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(Decision::Ratio(ratio)),
+                _ => Err(format!(
+                    "the sampler ratio `{arg}` is not a number from 0 to 1"
+                )),
+            }
+        };
+        let (root, parent_based) = match name.trim() {
+            "always_on" => (Decision::AlwaysOn, false),
+            "always_off" => (Decision::AlwaysOff, false),
+            "traceidratio" => (ratio()?, false),
+            "parentbased_always_on" => (Decision::AlwaysOn, true),
+            "parentbased_always_off" => (Decision::AlwaysOff, true),
+            "parentbased_traceidratio" => (ratio()?, true),
+            other => {
+                return Err(format!(
+                    "`{other}` is not a sampler wharf knows: use always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio"
+                ));
+            }
+        };
+        Ok(Sampler { root, parent_based })
+    }
+
+    /// Whether a span of trace `trace_id`, below `parent` (if any), is
+    /// recorded.
+    pub fn sampled(&self, trace_id: &[u8; 16], parent: Option<&TraceContext>) -> bool {
+        if self.parent_based
+            && let Some(parent) = parent
+        {
+            return parent.flags & SAMPLED != 0;
+        }
+        match self.root {
+            Decision::AlwaysOn => true,
+            Decision::AlwaysOff => false,
+            Decision::Ratio(ratio) => {
+                // The trace id's low 8 bytes, as the other SDKs read them,
+                // so a trace is kept or not the same way everywhere.
+                let mut low = [0; 8];
+                low.copy_from_slice(&trace_id[8..]);
+                let value = u64::from_be_bytes(low) >> 1;
+                (value as f64) < ratio * (1u64 << 63) as f64
+            }
+        }
+    }
+}
+
+impl fmt::Display for Sampler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parent = if self.parent_based { "parentbased_" } else { "" };
+        match self.root {
+            Decision::AlwaysOn => write!(f, "{parent}always_on"),
+            Decision::AlwaysOff => write!(f, "{parent}always_off"),
+            Decision::Ratio(ratio) => write!(f, "{parent}traceidratio {ratio}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(flags: u8) -> TraceContext {
+        TraceContext {
+            trace_id: [7; 16],
+            span_id: [1; 8],
+            flags,
+            state: None,
+        }
+    }
+
+    #[test]
+    fn names_and_ratios_parse_as_the_specification_gives_them() {
+        assert_eq!(
+            Sampler::parse("parentbased_always_on", None),
+            Ok(Sampler::default())
+        );
+        assert_eq!(
+            Sampler::parse("traceidratio", Some("0.25")),
+            Ok(Sampler {
+                root: Decision::Ratio(0.25),
+                parent_based: false
+            })
+        );
+        assert!(Sampler::parse("traceidratio", Some("2")).is_err());
+        assert!(Sampler::parse("sometimes", None).unwrap_err().contains("sometimes"));
+    }
+
+    #[test]
+    fn a_parent_based_sampler_follows_the_parent_and_decides_roots_itself() {
+        let sampler = Sampler::parse("parentbased_always_off", None).unwrap();
+        assert!(sampler.sampled(&[7; 16], Some(&parent(SAMPLED))));
+        assert!(!sampler.sampled(&[7; 16], Some(&parent(0))));
+        assert!(!sampler.sampled(&[7; 16], None));
+        let always = Sampler::parse("always_on", None).unwrap();
+        assert!(always.sampled(&[7; 16], Some(&parent(0))));
+    }
+
+    #[test]
+    fn a_ratio_keeps_about_that_share_of_traces_and_the_same_trace_every_time() {
+        let sampler = Sampler::parse("traceidratio", Some("0.25")).unwrap();
+        let kept = (0..4000)
+            .filter(|_| sampler.sampled(&TraceContext::root(0).trace_id, None))
+            .count();
+        assert!((800..1200).contains(&kept), "{kept} of 4000 kept");
+        let id = [0xab; 16];
+        assert_eq!(sampler.sampled(&id, None), sampler.sampled(&id, None));
+        let none = Sampler::parse("traceidratio", Some("0")).unwrap();
+        assert!(!none.sampled(&[0; 16], None));
+    }
+}

@@ -1,0 +1,505 @@
+//! Spans of what the host does with each delivery, exported over OTLP.
+//!
+//! wharf records its spans itself, with the ids it already carries on the
+//! messages it publishes (see [`crate::trace`]), and hands them to the
+//! OTLP exporter in batches from a task of their own. A span that finds
+//! the queue full is dropped and counted, never waited for, so a slow or
+//! absent collector costs deliveries nothing. Off, every call here is a
+//! branch on `None`.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::{
+    Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::Resource;
+use prometheus_client::metrics::counter::Counter;
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{OtlpProtocol, ParentMode, Telemetry as TelemetryConfig};
+use crate::logging::{Repeats, Tell};
+use crate::trace::{SAMPLED, Sampler, TraceContext};
+
+/// The kinds of span wharf records.
+pub use opentelemetry::trace::SpanKind as Kind;
+
+/// What became of a host's spans (`wharf_trace_spans_*_total`).
+#[derive(Clone, Debug, Default)]
+pub struct SpanCounts {
+    /// Spans the collector took.
+    pub exported: Counter,
+    /// Spans dropped: the queue was full, or the collector did not take
+    /// them.
+    pub dropped: Counter,
+}
+
+/// How spans are exported, from `[telemetry]` and the `OTEL_*`
+/// environment (a key in the file wins over its variable).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The collector, when the file names it (else the exporter reads the
+    /// `OTEL_EXPORTER_OTLP_*` variables itself).
+    pub endpoint: Option<String>,
+    /// The transport, when the file names it.
+    pub protocol: Option<OtlpProtocol>,
+    /// The `service.name` resource attribute, when the file names it.
+    pub service_name: Option<String>,
+    /// Which traces are recorded.
+    pub sampler: Sampler,
+    /// How a delivery's span joins its publisher's trace.
+    pub parent: ParentMode,
+    /// Spans waiting for export at most.
+    pub max_queue: usize,
+    /// Spans in one export at most.
+    pub max_batch: usize,
+    /// How long a span may wait for a fuller batch.
+    pub export_delay: Duration,
+    /// How long one export may take before its spans count as dropped.
+    pub export_timeout: Duration,
+}
+
+impl Settings {
+    /// The settings `config` and the environment `env` give, or `None`
+    /// when no endpoint is configured (export is off unless asked for) or
+    /// `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none` turn it off.
+    /// A variable that cannot be read is reported in `warnings` and its
+    /// default used, as the OpenTelemetry specification asks.
+    pub fn resolve(
+        config: &TelemetryConfig,
+        env: impl Fn(&str) -> Option<String>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Settings>, String> {
+        let set = |name: &str| env(name).filter(|value| !value.trim().is_empty());
+        if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        let exporter = set("OTEL_TRACES_EXPORTER").map(|v| v.trim().to_ascii_lowercase());
+        if exporter.as_deref() == Some("none") {
+            return Ok(None);
+        }
+        if let Some(other) = exporter.as_deref().filter(|e| *e != "otlp") {
+            warnings.push(format!(
+                "OTEL_TRACES_EXPORTER={other}: wharf exports over OTLP only"
+            ));
+        }
+        let configured = config.endpoint.is_some()
+            || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+            || set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+            || exporter.as_deref() == Some("otlp");
+        if !configured {
+            return Ok(None);
+        }
+        let sampler = match (&config.sampler, config.sampler_ratio) {
+            (Some(name), ratio) => {
+                Sampler::parse(name, ratio.map(|r| r.to_string()).as_deref())
+                    .map_err(|e| format!("[telemetry] sampler: {e}"))?
+            }
+            (None, Some(ratio)) => Sampler::parse("parentbased_traceidratio", Some(&ratio.to_string()))
+                .map_err(|e| format!("[telemetry] sampler_ratio: {e}"))?,
+            (None, None) => match set("OTEL_TRACES_SAMPLER") {
+                Some(name) => {
+                    let arg = set("OTEL_TRACES_SAMPLER_ARG");
+                    Sampler::parse(&name, arg.as_deref()).unwrap_or_else(|e| {
+                        warnings.push(format!(
+                            "OTEL_TRACES_SAMPLER: {e}; sampling with {}",
+                            Sampler::default()
+                        ));
+                        Sampler::default()
+                    })
+                }
+                None => Sampler::default(),
+            },
+        };
+        let mut number = |name: &str, default: u64| match set(name) {
+            None => default,
+            Some(text) => text.trim().parse().unwrap_or_else(|_| {
+                warnings.push(format!("{name}={text} is not a whole number; using {default}"));
+                default
+            }),
+        };
+        let max_queue = config
+            .max_queue
+            .unwrap_or(number("OTEL_BSP_MAX_QUEUE_SIZE", 2048) as usize)
+            .max(1);
+        let max_batch = config
+            .max_batch
+            .unwrap_or(number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512) as usize)
+            .clamp(1, max_queue);
+        let export_delay = config
+            .export_delay
+            .unwrap_or(Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5000)));
+        let export_timeout = Duration::from_millis(number("OTEL_BSP_EXPORT_TIMEOUT", 30_000));
+        Ok(Some(Settings {
+            endpoint: config.endpoint.clone(),
+            protocol: config.protocol,
+            service_name: config.service_name.clone(),
+            sampler,
+            parent: config.parent,
+            max_queue,
+            max_batch,
+            export_delay,
+            export_timeout,
+        }))
+    }
+}
+
+/// Where a host's spans go: nowhere (off), or the export queue.
+#[derive(Clone, Default)]
+pub struct Telemetry(Option<Arc<Exporting>>);
+
+struct Exporting {
+    queue: mpsc::Sender<SpanData>,
+    counts: SpanCounts,
+    sampler: Sampler,
+    parent: ParentMode,
+    scope: InstrumentationScope,
+}
+
+/// The export task of a host, flushed when the host stops.
+pub struct Exporter {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Telemetry {
+    /// No export: contexts are still carried on, nothing is recorded.
+    pub fn off() -> Telemetry {
+        Telemetry(None)
+    }
+
+    /// Builds the OTLP exporter `settings` describe and starts its task,
+    /// counting in `counts`.
+    pub fn start(settings: &Settings, counts: SpanCounts) -> Result<(Telemetry, Exporter), String> {
+        let mut exporter = otlp_exporter(settings)?;
+        exporter.set_resource(&resource(settings));
+        let (queue, spans) = mpsc::channel(settings.max_queue);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(export(
+            exporter,
+            spans,
+            settings.clone(),
+            counts.clone(),
+            stop.clone(),
+        ));
+        let scope = InstrumentationScope::builder("wharf")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        let telemetry = Telemetry(Some(Arc::new(Exporting {
+            queue,
+            counts,
+            sampler: settings.sampler,
+            parent: settings.parent,
+            scope,
+        })));
+        Ok((telemetry, Exporter { stop, task }))
+    }
+
+    /// Whether spans are exported.
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The context of a delivery's handling, and its `process` span when
+    /// the trace is recorded. Off, it is a child of `publisher` (and there
+    /// is none without one); on, a delivery without a context starts a
+    /// trace of its own, and the sampler decides what is recorded.
+    pub fn process(
+        &self,
+        publisher: Option<&TraceContext>,
+        name: impl FnOnce() -> String,
+    ) -> (Option<TraceContext>, Option<Span>) {
+        let Some(exporting) = &self.0 else {
+            return (publisher.map(TraceContext::child), None);
+        };
+        let (context, parent, link) = match (publisher, exporting.parent) {
+            (Some(publisher), ParentMode::Child) => (publisher.child(), Some(publisher), None),
+            (publisher, _) => (TraceContext::root(0), None, publisher),
+        };
+        let sampled = exporting.sampler.sampled(&context.trace_id, parent);
+        let context = TraceContext {
+            flags: (context.flags & !SAMPLED) | if sampled { SAMPLED } else { 0 },
+            state: parent.and_then(|parent| parent.state.clone()),
+            ..context
+        };
+        if !sampled {
+            return (Some(context), None);
+        }
+        let mut span = Span::new(exporting, &context, parent, name(), SpanKind::Consumer);
+        if let Some(data) = &mut span.data {
+            // The publisher's span is another process's.
+            data.parent_span_is_remote = parent.is_some();
+        }
+        if let Some(link) = link {
+            if let Some(data) = &mut span.data {
+                data.links.links.push(Link::with_context(span_context(link, true)));
+            }
+        }
+        (Some(context), Some(span))
+    }
+
+    /// A span below `parent` (none without a parent), recorded when the
+    /// parent's trace is: its context goes on what the span sends.
+    pub fn child(
+        &self,
+        parent: Option<&TraceContext>,
+        name: impl FnOnce() -> String,
+        kind: SpanKind,
+    ) -> (Option<TraceContext>, Option<Span>) {
+        let Some(parent) = parent else {
+            return (None, None);
+        };
+        let context = parent.child();
+        let span = match &self.0 {
+            Some(exporting) if parent.sampled() => Some(Span::new(
+                exporting,
+                &context,
+                Some(parent),
+                name(),
+                kind,
+            )),
+            _ => None,
+        };
+        (Some(context), span)
+    }
+}
+
+impl Exporter {
+    /// Exports what is queued (within `deadline`) and stops the task.
+    pub async fn flush(self, deadline: Duration) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(deadline, self.task).await;
+    }
+}
+
+/// A span being recorded; it is queued for export when dropped.
+pub struct Span {
+    data: Option<Box<SpanData>>,
+    queue: mpsc::Sender<SpanData>,
+    dropped: Counter,
+}
+
+impl Span {
+    fn new(
+        exporting: &Exporting,
+        context: &TraceContext,
+        parent: Option<&TraceContext>,
+        name: String,
+        kind: SpanKind,
+    ) -> Span {
+        let now = SystemTime::now();
+        let data = SpanData {
+            span_context: span_context(context, false),
+            parent_span_id: parent.map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.span_id)),
+            parent_span_is_remote: false,
+            span_kind: kind,
+            name: Cow::Owned(name),
+            start_time: now,
+            end_time: now,
+            attributes: Vec::with_capacity(16),
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: exporting.scope.clone(),
+        };
+        Span {
+            data: Some(Box::new(data)),
+            queue: exporting.queue.clone(),
+            dropped: exporting.counts.dropped.clone(),
+        }
+    }
+
+    /// Sets an attribute.
+    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+        if let Some(data) = &mut self.data {
+            data.attributes.push(KeyValue::new(key, value));
+        }
+    }
+
+    /// Marks the span failed: `error.type` and an error status.
+    pub fn fail(&mut self, error_type: impl Into<Value>, description: impl Into<Cow<'static, str>>) {
+        self.set("error.type", error_type);
+        if let Some(data) = &mut self.data {
+            data.status = Status::error(description);
+        }
+    }
+}
+
+/// Sets an attribute on a span that may not be recorded.
+pub fn set(span: &mut Option<Span>, key: &'static str, value: impl Into<Value>) {
+    if let Some(span) = span {
+        span.set(key, value);
+    }
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        let Some(mut data) = self.data.take() else {
+            return;
+        };
+        data.end_time = SystemTime::now();
+        if self.queue.try_send(*data).is_err() {
+            self.dropped.inc();
+        }
+    }
+}
+
+fn span_context(context: &TraceContext, remote: bool) -> SpanContext {
+    let state = context
+        .state
+        .as_deref()
+        .and_then(|state| state.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    SpanContext::new(
+        TraceId::from_bytes(context.trace_id),
+        SpanId::from_bytes(context.span_id),
+        TraceFlags::new(context.flags),
+        remote,
+        state,
+    )
+}
+
+fn otlp_exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
+    use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
+
+    let built = match (settings.protocol, settings.endpoint.as_deref()) {
+        (None, None) => SpanExporter::builder().build(),
+        (Some(OtlpProtocol::Grpc), endpoint) => {
+            let builder = SpanExporter::builder().with_tonic();
+            match endpoint {
+                Some(endpoint) => builder.with_endpoint(endpoint).build(),
+                None => builder.build(),
+            }
+        }
+        (Some(OtlpProtocol::HttpProtobuf) | None, endpoint) => {
+            let builder = SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+            match endpoint {
+                Some(endpoint) => builder.with_endpoint(traces_url(endpoint)).build(),
+                None => builder.build(),
+            }
+        }
+    };
+    built.map_err(|e| format!("the OTLP exporter: {e}"))
+}
+
+/// A base URL as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it, with the traces
+/// path added when it has none.
+fn traces_url(endpoint: &str) -> String {
+    match url::Url::parse(endpoint) {
+        Ok(url) if url.path() == "/" || url.path().is_empty() => {
+            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+        }
+        _ => endpoint.to_owned(),
+    }
+}
+
+/// The resource of every span: `service.name` from the file, else from
+/// `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`, else `wharf`.
+fn resource(settings: &Settings) -> Resource {
+    let version = KeyValue::new("service.version", env!("CARGO_PKG_VERSION"));
+    let detected = Resource::builder().with_attribute(version.clone());
+    let name = settings.service_name.clone().or_else(|| {
+        let resource = Resource::builder().build();
+        let named = resource
+            .get(&opentelemetry::Key::from_static_str("service.name"))
+            .is_some_and(|name| name.as_str() != "unknown_service");
+        (!named).then(|| "wharf".to_owned())
+    });
+    match name {
+        Some(name) => detected.with_service_name(name).build(),
+        None => detected.build(),
+    }
+}
+
+/// Exports batches until stopped, then what is left.
+async fn export(
+    exporter: opentelemetry_otlp::SpanExporter,
+    mut spans: mpsc::Receiver<SpanData>,
+    settings: Settings,
+    counts: SpanCounts,
+    stop: CancellationToken,
+) {
+    let mut failing = Repeats::default();
+    let mut batch = Vec::with_capacity(settings.max_batch);
+    loop {
+        let received = tokio::select! {
+            received = spans.recv_many(&mut batch, settings.max_batch) => received,
+            () = stop.cancelled() => 0,
+        };
+        if received == 0 {
+            break;
+        }
+        // Wait for a fuller batch, up to the delay.
+        let due = tokio::time::Instant::now() + settings.export_delay;
+        while batch.len() < settings.max_batch {
+            let room = settings.max_batch - batch.len();
+            tokio::select! {
+                received = spans.recv_many(&mut batch, room) => if received == 0 { break },
+                () = tokio::time::sleep_until(due) => break,
+                () = stop.cancelled() => break,
+            }
+        }
+        send(&exporter, std::mem::take(&mut batch), &settings, &counts, &mut failing).await;
+    }
+    // Stopping: what is queued goes out now.
+    spans.close();
+    while let Ok(span) = spans.try_recv() {
+        batch.push(span);
+        if batch.len() == settings.max_batch {
+            send(&exporter, std::mem::take(&mut batch), &settings, &counts, &mut failing).await;
+        }
+    }
+    if !batch.is_empty() {
+        send(&exporter, batch, &settings, &counts, &mut failing).await;
+    }
+    let _ = exporter.shutdown();
+}
+
+async fn send(
+    exporter: &opentelemetry_otlp::SpanExporter,
+    batch: Vec<SpanData>,
+    settings: &Settings,
+    counts: &SpanCounts,
+    failing: &mut Repeats,
+) {
+    let count = batch.len() as u64;
+    let failure = match tokio::time::timeout(settings.export_timeout, exporter.export(batch)).await
+    {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!(
+            "no answer within {}",
+            humantime::format_duration(settings.export_timeout)
+        )),
+    };
+    let Some(failure) = failure else {
+        counts.exported.inc_by(count);
+        if let Some(lasted) = failing.ended() {
+            tracing::info!(
+                "spans reach the collector again after {}",
+                humantime::format_duration(Duration::from_secs(lasted.as_secs()))
+            );
+        }
+        return;
+    };
+    counts.dropped.inc_by(count);
+    match failing.happened(&failure) {
+        Tell::First => tracing::warn!(
+            spans = count,
+            "spans not exported, dropped (counted in wharf_trace_spans_dropped_total): {failure}"
+        ),
+        Tell::Again { times, lasting } => tracing::warn!(
+            exports = times,
+            "spans still not exported after {}: {failure}",
+            humantime::format_duration(Duration::from_secs(lasting.as_secs()))
+        ),
+        Tell::Quiet => tracing::debug!(spans = count, "spans not exported: {failure}"),
+    }
+}
