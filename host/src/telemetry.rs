@@ -16,8 +16,8 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::Resource;
-use prometheus_client::metrics::counter::Counter;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -95,12 +95,12 @@ impl Settings {
             return Ok(None);
         }
         let sampler = match (&config.sampler, config.sampler_ratio) {
-            (Some(name), ratio) => {
-                Sampler::parse(name, ratio.map(|r| r.to_string()).as_deref())
-                    .map_err(|e| format!("[telemetry] sampler: {e}"))?
+            (Some(name), ratio) => Sampler::parse(name, ratio.map(|r| r.to_string()).as_deref())
+                .map_err(|e| format!("[telemetry] sampler: {e}"))?,
+            (None, Some(ratio)) => {
+                Sampler::parse("parentbased_traceidratio", Some(&ratio.to_string()))
+                    .map_err(|e| format!("[telemetry] sampler_ratio: {e}"))?
             }
-            (None, Some(ratio)) => Sampler::parse("parentbased_traceidratio", Some(&ratio.to_string()))
-                .map_err(|e| format!("[telemetry] sampler_ratio: {e}"))?,
             (None, None) => match set("OTEL_TRACES_SAMPLER") {
                 Some(name) => {
                     let arg = set("OTEL_TRACES_SAMPLER_ARG");
@@ -118,7 +118,9 @@ impl Settings {
         let mut number = |name: &str, default: u64| match set(name) {
             None => default,
             Some(text) => text.trim().parse().unwrap_or_else(|_| {
-                warnings.push(format!("{name}={text} is not a whole number; using {default}"));
+                warnings.push(format!(
+                    "{name}={text} is not a whole number; using {default}"
+                ));
                 default
             }),
         };
@@ -130,9 +132,10 @@ impl Settings {
             .max_batch
             .unwrap_or(number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512) as usize)
             .clamp(1, max_queue);
-        let export_delay = config
-            .export_delay
-            .unwrap_or(Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5000)));
+        let export_delay = config.export_delay.unwrap_or(Duration::from_millis(number(
+            "OTEL_BSP_SCHEDULE_DELAY",
+            5000,
+        )));
         let export_timeout = Duration::from_millis(number("OTEL_BSP_EXPORT_TIMEOUT", 30_000));
         Ok(Some(Settings {
             endpoint: config.endpoint.clone(),
@@ -236,7 +239,9 @@ impl Telemetry {
         }
         if let Some(link) = link {
             if let Some(data) = &mut span.data {
-                data.links.links.push(Link::with_context(span_context(link, true)));
+                data.links
+                    .links
+                    .push(Link::with_context(span_context(link, true)));
             }
         }
         (Some(context), Some(span))
@@ -255,13 +260,9 @@ impl Telemetry {
         };
         let context = parent.child();
         let span = match &self.0 {
-            Some(exporting) if parent.sampled() => Some(Span::new(
-                exporting,
-                &context,
-                Some(parent),
-                name(),
-                kind,
-            )),
+            Some(exporting) if parent.sampled() => {
+                Some(Span::new(exporting, &context, Some(parent), name(), kind))
+            }
             _ => None,
         };
         (Some(context), span)
@@ -322,7 +323,11 @@ impl Span {
     }
 
     /// Marks the span failed: `error.type` and an error status.
-    pub fn fail(&mut self, error_type: impl Into<Value>, description: impl Into<Cow<'static, str>>) {
+    pub fn fail(
+        &mut self,
+        error_type: impl Into<Value>,
+        description: impl Into<Cow<'static, str>>,
+    ) {
         self.set("error.type", error_type);
         if let Some(data) = &mut self.data {
             data.status = Status::error(description);
@@ -409,7 +414,7 @@ fn resource(settings: &Settings) -> Resource {
         let resource = Resource::builder().build();
         let named = resource
             .get(&opentelemetry::Key::from_static_str("service.name"))
-            .is_some_and(|name| name.as_str() != "unknown_service");
+            .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
         (!named).then(|| "wharf".to_owned())
     });
     match name {
@@ -446,14 +451,28 @@ async fn export(
                 () = stop.cancelled() => break,
             }
         }
-        send(&exporter, std::mem::take(&mut batch), &settings, &counts, &mut failing).await;
+        send(
+            &exporter,
+            std::mem::take(&mut batch),
+            &settings,
+            &counts,
+            &mut failing,
+        )
+        .await;
     }
     // Stopping: what is queued goes out now.
     spans.close();
     while let Ok(span) = spans.try_recv() {
         batch.push(span);
         if batch.len() == settings.max_batch {
-            send(&exporter, std::mem::take(&mut batch), &settings, &counts, &mut failing).await;
+            send(
+                &exporter,
+                std::mem::take(&mut batch),
+                &settings,
+                &counts,
+                &mut failing,
+            )
+            .await;
         }
     }
     if !batch.is_empty() {
@@ -501,5 +520,148 @@ async fn send(
             humantime::format_duration(Duration::from_secs(lasting.as_secs()))
         ),
         Tell::Quiet => tracing::debug!(spans = count, "spans not exported: {failure}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::Decision;
+
+    fn resolve(
+        config: &str,
+        env: &[(&str, &str)],
+    ) -> (Result<Option<Settings>, String>, Vec<String>) {
+        let config: TelemetryConfig = toml::from_str(config).expect("a [telemetry] section");
+        let mut warnings = Vec::new();
+        let settings = Settings::resolve(
+            &config,
+            |name| {
+                env.iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, value)| (*value).to_owned())
+            },
+            &mut warnings,
+        );
+        (settings, warnings)
+    }
+
+    #[test]
+    fn export_is_off_until_an_endpoint_is_configured() {
+        assert_eq!(resolve("", &[]).0, Ok(None));
+        let (on, _) = resolve("", &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]);
+        assert!(on.unwrap().is_some());
+        let (on, _) = resolve("endpoint = \"http://c:4318\"", &[]);
+        assert!(on.unwrap().is_some());
+        for off in [
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ] {
+            let (settings, _) = resolve("endpoint = \"http://c:4318\"", &[off]);
+            assert_eq!(settings, Ok(None), "{off:?}");
+        }
+    }
+
+    #[test]
+    fn the_file_wins_over_the_environment_and_bad_variables_fall_back() {
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+        ];
+        let (settings, warnings) = resolve("max_batch = 1000", &env);
+        let settings = settings.unwrap().unwrap();
+        assert_eq!(settings.sampler.root, Decision::Ratio(0.5));
+        assert!(!settings.sampler.parent_based);
+        assert_eq!(settings.max_queue, 100);
+        assert_eq!(settings.max_batch, 100, "a batch fits the queue");
+        assert_eq!(settings.export_delay, Duration::from_secs(5));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("OTEL_BSP_SCHEDULE_DELAY"));
+
+        let (settings, _) = resolve("sampler = \"always_off\"", &env);
+        assert_eq!(settings.unwrap().unwrap().sampler.root, Decision::AlwaysOff);
+        let (settings, _) = resolve("sampler_ratio = 0.1", &env);
+        let sampler = settings.unwrap().unwrap().sampler;
+        assert_eq!(
+            (sampler.root, sampler.parent_based),
+            (Decision::Ratio(0.1), true)
+        );
+        let (settings, _) = resolve("sampler_ratio = 3.0", &env);
+        assert!(settings.unwrap_err().contains("sampler_ratio"));
+    }
+
+    fn settings(parent: ParentMode, sampler: &str) -> Settings {
+        let (settings, _) = resolve(
+            &format!("endpoint = \"http://127.0.0.1:9\"\nsampler = \"{sampler}\""),
+            &[],
+        );
+        Settings {
+            parent,
+            ..settings.unwrap().unwrap()
+        }
+    }
+
+    const PUBLISHER: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[tokio::test]
+    async fn a_delivery_is_a_child_of_its_publisher_or_a_trace_linked_to_it() {
+        let publisher = TraceContext::parse(PUBLISHER).unwrap();
+        let name = || "process q".to_owned();
+        let (child, _) = Telemetry::start(
+            &settings(ParentMode::Child, "always_on"),
+            SpanCounts::default(),
+        )
+        .unwrap();
+        let (context, span) = child.process(Some(&publisher), name);
+        let (context, span) = (context.unwrap(), span.unwrap());
+        assert_eq!(context.trace_id, publisher.trace_id);
+        let data = span.data.as_ref().unwrap();
+        assert_eq!(data.parent_span_id, SpanId::from_bytes(publisher.span_id));
+        assert!(data.parent_span_is_remote);
+
+        let (linked, _) = Telemetry::start(
+            &settings(ParentMode::Link, "always_on"),
+            SpanCounts::default(),
+        )
+        .unwrap();
+        let (context, span) = linked.process(Some(&publisher), name);
+        let (context, span) = (context.unwrap(), span.unwrap());
+        assert_ne!(context.trace_id, publisher.trace_id, "a trace of its own");
+        let data = span.data.as_ref().unwrap();
+        assert_eq!(data.parent_span_id, SpanId::INVALID);
+        assert_eq!(
+            data.links.links[0].span_context.span_id(),
+            SpanId::from_bytes(publisher.span_id)
+        );
+
+        let (off, _) = Telemetry::start(
+            &settings(ParentMode::Child, "always_off"),
+            SpanCounts::default(),
+        )
+        .unwrap();
+        let (context, span) = off.process(None, name);
+        assert!(span.is_none(), "nothing recorded");
+        assert!(
+            !context.unwrap().sampled(),
+            "the decision goes on with the context"
+        );
+        let (context, span) = Telemetry::off().process(None, name);
+        assert!(
+            context.is_none() && span.is_none(),
+            "off, no trace starts here"
+        );
+    }
+
+    #[test]
+    fn a_base_url_gets_the_traces_path() {
+        assert_eq!(traces_url("http://c:4318"), "http://c:4318/v1/traces");
+        assert_eq!(traces_url("http://c:4318/"), "http://c:4318/v1/traces");
+        assert_eq!(
+            traces_url("http://c/otlp/v1/traces"),
+            "http://c/otlp/v1/traces"
+        );
     }
 }

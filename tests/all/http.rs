@@ -519,3 +519,53 @@ async fn a_request_carries_the_trace_of_the_delivery_that_made_it() -> anyhow::R
     client.close().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_is_a_client_span_below_its_delivery() -> anyhow::Result<()> {
+    use fe2o3_amqp::types::primitives::SimpleValue;
+    use wharf::trace::{TRACEPARENT, TraceContext};
+    const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let collector = crate::collector::Collector::start().await?;
+    let server = Server::start().await?;
+    let queue = unique("http-span");
+    let mut host = TestHost::start_traced(
+        vec![mount("traced", &queue, &[&server.origin()], &[])],
+        &format!("endpoint = \"{}\"", collector.http),
+    )
+    .await?;
+    let mut client = Client::connect(&artemis_url()).await?;
+    let url = format!("{}/echo/traced", server.origin());
+    let id = unique("fetch");
+    let message = TestMessage::new(&id, "traced")
+        .script(&format!("*:fetch={url}"))
+        .property(TRACEPARENT, SimpleValue::String(PARENT.to_owned()));
+    client.publish(&queue, message).await?;
+    host.handled(&id).await?;
+    let sent = server.heads()[0]
+        .iter()
+        .find_map(|line| line.strip_prefix("traceparent: ").map(str::to_owned))
+        .expect("the request carries a traceparent");
+    let sent = TraceContext::parse(&sent).expect("a valid traceparent");
+    let spans = collector
+        .wait_until(std::time::Duration::from_secs(30), |spans| {
+            spans.iter().any(|s| s.span_id == sent.span_id_hex())
+                && spans.iter().any(|s| s.name == format!("process {queue}"))
+        })
+        .await?;
+    let request = spans
+        .iter()
+        .find(|s| s.span_id == sent.span_id_hex())
+        .expect("the request's span");
+    let process = spans
+        .iter()
+        .find(|s| s.name == format!("process {queue}"))
+        .expect("the delivery's span");
+    assert_eq!(request.name, "GET");
+    assert_eq!(request.kind, "client");
+    assert_eq!(request.parent_span_id, process.span_id);
+    assert_eq!(request.attribute("http.request.method"), "GET");
+    assert_eq!(request.attribute("http.response.status_code"), "200");
+    assert_eq!(request.attribute("url.full"), url);
+    client.close().await;
+    host.stop().await
+}

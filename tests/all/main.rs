@@ -18,6 +18,7 @@ mod reload;
 mod scale;
 mod security;
 mod shutdown;
+mod spans;
 mod tenants;
 mod tls;
 mod topics;

@@ -8,6 +8,7 @@
 //!     cargo bench -p wharf-tests --bench throughput             # Artemis, then RabbitMQ 4
 //!     cargo bench -p wharf-tests --bench throughput -- artemis  # one broker
 //!     cargo bench -p wharf-tests --bench throughput -- artemis ack  # cases naming `ack`
+//!     cargo bench -p wharf-tests --bench throughput -- artemis tracing  # what spans cost
 //!
 //! The brokers must be running (`scripts/test` starts them); guests come
 //! from `build/guests` (`scripts/build-guests`).
@@ -24,7 +25,7 @@ use fe2o3_amqp::{Receiver, Session};
 use wharf::broker::message::AmqpMessage;
 use wharf::config::Config;
 use wharf::events::Event;
-use wharf_tests::bench::{self, Broker, brokers, host, rate};
+use wharf_tests::bench::{self, Broker, brokers, host, host_with, rate};
 use wharf_tests::client::Client;
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
@@ -114,6 +115,7 @@ async fn wharf_rate(
     extra: &[&str],
     mounts: usize,
     n: usize,
+    top: &str,
 ) -> anyhow::Result<Measured> {
     let queues: Vec<String> = (0..mounts)
         .map(|_| (broker.queue)(&unique("bench")))
@@ -126,7 +128,7 @@ async fn wharf_rate(
         .enumerate()
         .map(|(i, q)| mount(&format!("m{i}"), module, q, extra))
         .collect();
-    let host = host(broker, specs).await?;
+    let host = host_with(broker, specs, top).await?;
     profiler("enable");
     let (cpu, handled) = (cpu_time(), host.host().handled_total());
     let rate = rate(&host, n / mounts * mounts).await?;
@@ -137,6 +139,50 @@ async fn wharf_rate(
         rate,
         cpu_per_message,
     })
+}
+
+/// What exporting spans costs the Rust `ack` handler (reuse): tracing
+/// off, on with every trace sampled out, and on with every trace sampled
+/// and exported to a collector in this process; each the mean of two
+/// rounds taken in turn, as ratios to tracing off.
+async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
+    let collector = wharf_tests::collector::Collector::start().await?;
+    let on = |sampler: &str| {
+        format!(
+            "[telemetry]\nendpoint = \"{}\"\nsampler = \"{sampler}\"\nexport_delay = \"200ms\"\n",
+            collector.http
+        )
+    };
+    let cases = [
+        ("tracing off", String::new()),
+        ("tracing on, every trace sampled out", on("always_off")),
+        ("tracing on, every trace exported", on("always_on")),
+    ];
+    let mut sums = vec![(0.0, Duration::ZERO); cases.len()];
+    for _ in 0..2 {
+        for (sum, (_, top)) in sums.iter_mut().zip(&cases) {
+            let measured =
+                wharf_rate(broker, "ack", &["instance = \"reuse\""], 1, messages(), top).await?;
+            sum.0 += measured.rate / 2.0;
+            sum.1 += measured.cpu_per_message / 2;
+        }
+    }
+    println!("\n| Rust `ack`, reuse | msg/s | vs off | CPU per message | vs off |");
+    println!("|---|---|---|---|---|");
+    let (off_rate, off_cpu) = sums[0];
+    for ((name, _), (rate, cpu)) in cases.iter().zip(&sums) {
+        println!(
+            "| {name} | {rate:.0} | {:.2}× | {:.1} µs | {:.2}× |",
+            rate / off_rate,
+            cpu.as_secs_f64() * 1e6,
+            cpu.as_secs_f64() / off_cpu.as_secs_f64().max(1e-9)
+        );
+    }
+    println!(
+        "({} spans exported to the collector)\n",
+        collector.spans().len()
+    );
+    Ok(())
 }
 
 /// Tells a profiler started with `perf record --control=fifo:PATH -D -1` to
@@ -312,6 +358,9 @@ async fn main() -> anyhow::Result<()> {
             .skip(1)
             .filter(|a| !a.starts_with('-'))
             .nth(1);
+        if only_case.as_deref().is_none_or(|c| c == "tracing") {
+            tracing_cost(&broker).await?;
+        }
         let mut best = 0.0f64;
         for (name, module, extra) in cases {
             if only_case.as_deref().is_some_and(|c| !name.contains(c)) {
@@ -324,7 +373,7 @@ async fn main() -> anyhow::Result<()> {
                 println!("| {name} | not built | |");
                 continue;
             }
-            let measured = wharf_rate(&broker, module, extra, 1, messages()).await?;
+            let measured = wharf_rate(&broker, module, extra, 1, messages(), "").await?;
             if module == "ack" {
                 best = best.max(measured.rate);
             }
@@ -334,7 +383,7 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         for mounts in [10, 100] {
-            let measured = wharf_rate(&broker, "ack", &reuse, mounts, messages()).await?;
+            let measured = wharf_rate(&broker, "ack", &reuse, mounts, messages(), "").await?;
             row(
                 &format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"),
                 &measured,

@@ -130,7 +130,17 @@ pub async fn native_connection(url: &str) -> anyhow::Result<ConnectionHandle<()>
 
 /// A host with `mounts` on `broker`, started and attached.
 pub async fn host(broker: &Broker, mounts: Vec<MountToml>) -> anyhow::Result<TestHost> {
-    let text = tenants_text(&broker.url, "", &[TenantToml::new("bench", mounts)]).replacen(
+    host_with(broker, mounts, "").await
+}
+
+/// [`host`], with `top` (whole sections, e.g. `[telemetry]`) added to the
+/// config.
+pub async fn host_with(
+    broker: &Broker,
+    mounts: Vec<MountToml>,
+    top: &str,
+) -> anyhow::Result<TestHost> {
+    let text = tenants_text(&broker.url, top, &[TenantToml::new("bench", mounts)]).replacen(
         "[host]",
         "[admin]\nlisten = \"127.0.0.1:0\"\n[host]",
         1,

@@ -11,6 +11,7 @@
 pub mod artemis_users;
 pub mod bench;
 pub mod client;
+pub mod collector;
 pub mod neighbour;
 pub mod process;
 pub mod proxy;
@@ -223,6 +224,18 @@ impl TestHost {
     /// Starts a host and waits until every mount is attached.
     pub async fn start(url: &str, mounts: &[MountToml]) -> anyhow::Result<TestHost> {
         let text = config_text(url, mounts);
+        TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await
+    }
+
+    /// Starts a host with `mounts` in tenant `t` on Artemis, its spans
+    /// exported as the lines of a `[telemetry]` section say (within 100 ms
+    /// of their end), and waits until every mount is attached.
+    pub async fn start_traced(mounts: Vec<MountToml>, telemetry: &str) -> anyhow::Result<TestHost> {
+        let text = tenants_text(
+            &artemis_url(),
+            &format!("[telemetry]\nexport_delay = \"100ms\"\n{telemetry}\n"),
+            &[TenantToml::new("t", mounts)],
+        );
         TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await
     }
 

@@ -709,3 +709,17 @@ fn two_topic_mounts_cannot_share_a_subscription_name() {
         "{e}"
     );
 }
+
+#[test]
+fn a_telemetry_section_is_read_and_a_bad_sampler_refused_with_its_line() {
+    let text = format!(
+        "{GOOD}\n[telemetry]\nendpoint = \"http://collector:4317\"\nprotocol = \"grpc\"\nsampler = \"parentbased_traceidratio\"\nsampler_ratio = 0.25\nparent = \"link\"\nexport_delay = \"2s\"\n"
+    );
+    let telemetry = parse(&text).expect("valid config").telemetry;
+    assert_eq!(telemetry.protocol, Some(OtlpProtocol::Grpc));
+    assert_eq!(telemetry.parent, ParentMode::Link);
+    assert_eq!(telemetry.export_delay, Some(Duration::from_secs(2)));
+    assert_eq!(parse(GOOD).expect("valid").telemetry, Telemetry::default());
+    let bad = error(&format!("{GOOD}\n[telemetry]\nsampler = \"sometimes\"\n"));
+    assert!(bad.contains("sometimes") && bad.contains("line"), "{bad}");
+}

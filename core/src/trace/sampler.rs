@@ -98,7 +98,11 @@ impl Sampler {
 
 impl fmt::Display for Sampler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parent = if self.parent_based { "parentbased_" } else { "" };
+        let parent = if self.parent_based {
+            "parentbased_"
+        } else {
+            ""
+        };
         match self.root {
             Decision::AlwaysOn => write!(f, "{parent}always_on"),
             Decision::AlwaysOff => write!(f, "{parent}always_off"),
@@ -134,7 +138,11 @@ mod tests {
             })
         );
         assert!(Sampler::parse("traceidratio", Some("2")).is_err());
-        assert!(Sampler::parse("sometimes", None).unwrap_err().contains("sometimes"));
+        assert!(
+            Sampler::parse("sometimes", None)
+                .unwrap_err()
+                .contains("sometimes")
+        );
     }
 
     #[test]

@@ -12,9 +12,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::telemetry::SpanCounts;
 use crate::sandbox::LogTags;
 use crate::settlement::{Disposition, Outcome};
+use crate::telemetry::SpanCounts;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MountLabels {

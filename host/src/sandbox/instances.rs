@@ -11,13 +11,13 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use super::Grants;
 use super::bindings::{Handler, HandlerPre};
 use super::cpu::{CpuLane, OnCpu};
+use super::http::HttpTrace;
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
 use super::share::TenantShare;
-use super::http::HttpTrace;
 use super::store::{InstanceSetup, StoreState};
-use crate::telemetry::Telemetry;
 use super::{Delivery, InstancePolicy, Outcome};
+use crate::telemetry::Telemetry;
 use wharf_core::trace::TraceContext;
 
 /// The budget of one handler call.

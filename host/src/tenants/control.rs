@@ -17,12 +17,12 @@ use super::mount::{self, AttachedMount, ModuleSlot, MountSpec, instances_for};
 use super::reload::{self, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
 use super::{load_modules, warn_if_pool_short};
-use crate::telemetry::Telemetry;
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
 use crate::config::{Broker, Config, Mount, Node, SaslMechanism, SubscriptionKind, Tenant};
 use crate::events::{ConfigChange, Event};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
+use crate::telemetry::Telemetry;
 
 /// What the [`super::RunningHost`] asks of the control task.
 pub(super) enum Command {

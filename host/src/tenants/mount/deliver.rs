@@ -65,9 +65,9 @@ pub(super) async fn handle(
         }
     };
     // This attempt's span, below the publisher's when it sent a context.
-    let (trace, mut process) = spec
-        .telemetry
-        .process(publisher.as_ref(), || format!("process {}", spec.config.address));
+    let (trace, mut process) = spec.telemetry.process(publisher.as_ref(), || {
+        format!("process {}", spec.config.address)
+    });
     if let Some(span) = &mut process {
         context.peer.describe(span);
         span.set("messaging.operation.type", "process");
@@ -114,7 +114,8 @@ pub(super) async fn handle(
         // The instance's memory stays counted in the tenant's budget until
         // the delivery is settled.
         let instance = instance.traced(trace.as_ref(), &spec.telemetry);
-        let (result, outputs, _memory) = run_handler(&context, instance, &message, attempt).await;
+        let (result, outputs, _memory) =
+            run_handler(&context, instance, &message, attempt, trace.as_ref()).await;
         let took = started.elapsed();
         drop(handler_slot);
         let outcome = settlement::outcome_of(&result, spec.config.max_retry_delay);
@@ -207,6 +208,7 @@ async fn run_handler(
     instance: Reserved,
     message: &message::AmqpMessage,
     attempt: u32,
+    trace: Option<&TraceContext>,
 ) -> (HandlerResult, Vec<Outgoing>, MemoryHeld) {
     let spec = &context.spec;
     let delivery: crate::sandbox::Delivery = message::to_delivery(
@@ -217,6 +219,7 @@ async fn run_handler(
             mount: &spec.tags.mount,
             attempt,
             presettled: spec.config.settle == Settle::AtMostOnce,
+            trace,
         },
     )
     .into();

@@ -23,7 +23,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget::{Buffered, TenantLimits};
 use super::supervisor::{self, State, Supervised};
-use crate::telemetry::Telemetry;
 use crate::admin::{Health, MountMetrics};
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::broker::management::{self, QueueInfo, QueueKind};
@@ -34,6 +33,7 @@ use crate::events::Event;
 use crate::logging::{Repeats, Tell, human};
 use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owners};
 use crate::settlement::Counters;
+use crate::telemetry::Telemetry;
 pub(crate) use attach::AttachedMount;
 use attach::Links;
 
