@@ -236,9 +236,7 @@ impl Telemetry {
         if let Some(data) = &mut span.data {
             // The publisher's span is another process's.
             data.parent_span_is_remote = parent.is_some();
-        }
-        if let Some(link) = link {
-            if let Some(data) = &mut span.data {
+            if let Some(link) = link {
                 data.links
                     .links
                     .push(Link::with_context(span_context(link, true)));
@@ -550,9 +548,9 @@ mod tests {
     fn export_is_off_until_an_endpoint_is_configured() {
         assert_eq!(resolve("", &[]).0, Ok(None));
         let (on, _) = resolve("", &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]);
-        assert!(on.unwrap().is_some());
+        assert!(on.expect("valid").is_some());
         let (on, _) = resolve("endpoint = \"http://c:4318\"", &[]);
-        assert!(on.unwrap().is_some());
+        assert!(on.expect("valid").is_some());
         for off in [
             ("OTEL_SDK_DISABLED", "true"),
             ("OTEL_TRACES_EXPORTER", "none"),
@@ -572,7 +570,7 @@ mod tests {
             ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
         ];
         let (settings, warnings) = resolve("max_batch = 1000", &env);
-        let settings = settings.unwrap().unwrap();
+        let settings = settings.expect("valid").expect("on");
         assert_eq!(settings.sampler.root, Decision::Ratio(0.5));
         assert!(!settings.sampler.parent_based);
         assert_eq!(settings.max_queue, 100);
@@ -582,15 +580,18 @@ mod tests {
         assert!(warnings[0].contains("OTEL_BSP_SCHEDULE_DELAY"));
 
         let (settings, _) = resolve("sampler = \"always_off\"", &env);
-        assert_eq!(settings.unwrap().unwrap().sampler.root, Decision::AlwaysOff);
+        assert_eq!(
+            settings.expect("valid").expect("on").sampler.root,
+            Decision::AlwaysOff
+        );
         let (settings, _) = resolve("sampler_ratio = 0.1", &env);
-        let sampler = settings.unwrap().unwrap().sampler;
+        let sampler = settings.expect("valid").expect("on").sampler;
         assert_eq!(
             (sampler.root, sampler.parent_based),
             (Decision::Ratio(0.1), true)
         );
         let (settings, _) = resolve("sampler_ratio = 3.0", &env);
-        assert!(settings.unwrap_err().contains("sampler_ratio"));
+        assert!(settings.expect_err("refused").contains("sampler_ratio"));
     }
 
     fn settings(parent: ParentMode, sampler: &str) -> Settings {
@@ -600,7 +601,7 @@ mod tests {
         );
         Settings {
             parent,
-            ..settings.unwrap().unwrap()
+            ..settings.expect("valid").expect("on")
         }
     }
 
@@ -608,17 +609,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_delivery_is_a_child_of_its_publisher_or_a_trace_linked_to_it() {
-        let publisher = TraceContext::parse(PUBLISHER).unwrap();
+        let publisher = TraceContext::parse(PUBLISHER).expect("a context");
         let name = || "process q".to_owned();
         let (child, _) = Telemetry::start(
             &settings(ParentMode::Child, "always_on"),
             SpanCounts::default(),
         )
-        .unwrap();
+        .expect("started");
         let (context, span) = child.process(Some(&publisher), name);
-        let (context, span) = (context.unwrap(), span.unwrap());
+        let (context, span) = (context.expect("a context"), span.expect("a span"));
         assert_eq!(context.trace_id, publisher.trace_id);
-        let data = span.data.as_ref().unwrap();
+        let data = span.data.as_ref().expect("started");
         assert_eq!(data.parent_span_id, SpanId::from_bytes(publisher.span_id));
         assert!(data.parent_span_is_remote);
 
@@ -626,11 +627,11 @@ mod tests {
             &settings(ParentMode::Link, "always_on"),
             SpanCounts::default(),
         )
-        .unwrap();
+        .expect("started");
         let (context, span) = linked.process(Some(&publisher), name);
-        let (context, span) = (context.unwrap(), span.unwrap());
+        let (context, span) = (context.expect("a context"), span.expect("a span"));
         assert_ne!(context.trace_id, publisher.trace_id, "a trace of its own");
-        let data = span.data.as_ref().unwrap();
+        let data = span.data.as_ref().expect("started");
         assert_eq!(data.parent_span_id, SpanId::INVALID);
         assert_eq!(
             data.links.links[0].span_context.span_id(),
@@ -641,11 +642,11 @@ mod tests {
             &settings(ParentMode::Child, "always_off"),
             SpanCounts::default(),
         )
-        .unwrap();
+        .expect("started");
         let (context, span) = off.process(None, name);
         assert!(span.is_none(), "nothing recorded");
         assert!(
-            !context.unwrap().sampled(),
+            !context.expect("a context").sampled(),
             "the decision goes on with the context"
         );
         let (context, span) = Telemetry::off().process(None, name);

@@ -143,14 +143,26 @@ async fn wharf_rate(
 
 /// What exporting spans costs the Rust `ack` handler (reuse): tracing
 /// off, on with every trace sampled out, and on with every trace sampled
-/// and exported to a collector in this process; each the mean of two
-/// rounds taken in turn, as ratios to tracing off.
+/// and exported to a collector in a process of its own (so its work is
+/// not counted as wharf's CPU time); each the mean of two rounds taken in
+/// turn, as ratios to tracing off.
 async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
-    let collector = wharf_tests::collector::Collector::start().await?;
+    use tokio::io::AsyncBufReadExt as _;
+    let mut collector = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("--collector")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = collector.stdout.take().expect("piped");
+    let mut said = tokio::io::BufReader::new(stdout).lines();
+    let endpoint = said
+        .next_line()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the collector did not start"))?;
     let on = |sampler: &str| {
         format!(
-            "[telemetry]\nendpoint = \"{}\"\nsampler = \"{sampler}\"\nexport_delay = \"200ms\"\n",
-            collector.http
+            "[telemetry]\nendpoint = \"{endpoint}\"\nsampler = \"{sampler}\"\nexport_delay = \"200ms\"\n"
         )
     };
     let cases = [
@@ -178,10 +190,24 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
             cpu.as_secs_f64() / off_cpu.as_secs_f64().max(1e-9)
         );
     }
-    println!(
-        "({} spans exported to the collector)\n",
-        collector.spans().len()
-    );
+    drop(collector.stdin.take());
+    let received = said.next_line().await?.unwrap_or_default();
+    println!("({received} spans exported to the collector)\n");
+    Ok(())
+}
+
+/// The child process of [`tracing_cost`]: an OTLP collector that prints
+/// its endpoint, serves until its stdin closes, then prints how many spans
+/// it received.
+async fn collector_here() -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt as _;
+    let collector = wharf_tests::collector::Collector::start().await?;
+    println!("{}", collector.http);
+    let mut line = String::new();
+    tokio::io::BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await?;
+    println!("{}", collector.spans().len());
     Ok(())
 }
 
@@ -304,6 +330,9 @@ async fn main() -> anyhow::Result<()> {
     let flag = |name: &str| {
         std::env::args().find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_owned))
     };
+    if std::env::args().any(|a| a == "--collector") {
+        return collector_here().await;
+    }
     if let (Some(mounts), Some(url)) = (flag("idle"), flag("url")) {
         let name = flag("broker").unwrap_or_default();
         let broker = brokers()

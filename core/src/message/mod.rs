@@ -298,6 +298,22 @@ impl AmqpMessage {
 /// annotations cannot be read within the limits (then it must travel as it
 /// is).
 pub fn annotate(payload: &[u8], key: &str, value: &str) -> Option<bytes::Bytes> {
+    with_annotations(payload, |annotations| {
+        annotations.0.insert(
+            OwnedKey::Symbol(Symbol::from(key)),
+            Value::String(value.to_owned()),
+        );
+        true
+    })
+}
+
+/// `payload` with its message annotations as `edit` leaves them (`edit`
+/// says whether it changed them; unchanged, the payload stays byte for
+/// byte as it was); `None` when they cannot be read within the limits.
+pub(crate) fn with_annotations(
+    payload: &[u8],
+    edit: impl FnOnce(&mut MessageAnnotations) -> bool,
+) -> Option<bytes::Bytes> {
     let sections = limits::sections(payload)?;
     let existing = sections
         .iter()
@@ -310,10 +326,9 @@ pub fn annotate(payload: &[u8], key: &str, value: &str) -> Option<bytes::Bytes> 
         }
         None => MessageAnnotations::builder().build(),
     };
-    annotations.0.insert(
-        OwnedKey::Symbol(Symbol::from(key)),
-        Value::String(value.to_owned()),
-    );
+    if !edit(&mut annotations) {
+        return Some(bytes::Bytes::copy_from_slice(payload));
+    }
     let encoded = serde_amqp::to_vec(&annotations).ok()?;
     Some(with_section(
         payload,

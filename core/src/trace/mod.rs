@@ -88,12 +88,14 @@ impl TraceContext {
 
     /// The `traceparent` value, version `00`.
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            self.trace_id_hex(),
-            self.span_id_hex(),
-            self.flags
-        )
+        let mut out = String::with_capacity(55);
+        out.push_str("00-");
+        push_hex(&mut out, &self.trace_id);
+        out.push('-');
+        push_hex(&mut out, &self.span_id);
+        out.push('-');
+        push_hex(&mut out, &[self.flags]);
+        out
     }
 
     /// The trace id in hex, as logs and trace viewers show it.
@@ -202,12 +204,10 @@ impl AmqpMessage {
     /// next reader finds this one first.
     pub fn set_trace(&mut self, context: &TraceContext) {
         if let Some(annotations) = self.message_annotations.as_mut() {
-            annotations.0.as_inner_mut().retain(|key, _| match key {
-                OwnedKey::Symbol(symbol) => {
-                    ![TRACEPARENT, TRACESTATE, QPID_TRACESTATE].contains(&symbol.0.as_str())
-                }
-                OwnedKey::Ulong(_) => true,
-            });
+            annotations
+                .0
+                .as_inner_mut()
+                .retain(|key, _| !context_annotation(key));
             if annotations.0.is_empty() {
                 self.message_annotations = None;
             }
@@ -229,18 +229,38 @@ fn carry(properties: &mut Vec<(String, Value)>, context: &TraceContext) {
     }
 }
 
+/// Whether a message annotation holds a form of trace context.
+fn context_annotation(key: &OwnedKey) -> bool {
+    match key {
+        OwnedKey::Symbol(symbol) => {
+            [TRACEPARENT, TRACESTATE, QPID_TRACESTATE].contains(&symbol.0.as_str())
+        }
+        OwnedKey::Ulong(_) => false,
+    }
+}
+
 /// `payload`, a message as it arrived, carrying `context` in its
 /// application properties (replacing the `traceparent`, `tracestate` and
-/// `Diagnostic-Id` it held there); every other section stays byte for byte
-/// as it was. `None` when the payload's sections cannot be found, or its
-/// application properties cannot be read within the limits (then it must
-/// travel as it is).
+/// `Diagnostic-Id` it held there, and dropping the forms of context its
+/// message annotations held, which a reader would find first); every other
+/// section stays byte for byte as it was. `None` when the payload's
+/// sections cannot be found, or the sections to change cannot be read
+/// within the limits (then it must travel as it is).
 pub fn carried_on_payload(payload: &[u8], context: &TraceContext) -> Option<bytes::Bytes> {
     use crate::message::limits::{self, ValueLimits};
     use crate::message::sections::{
         APPLICATION_PROPERTIES, application_properties, application_properties_section,
     };
 
+    let payload = crate::message::with_annotations(payload, |annotations| {
+        let before = annotations.0.len();
+        annotations
+            .0
+            .as_inner_mut()
+            .retain(|key, _| !context_annotation(key));
+        annotations.0.len() != before
+    })?;
+    let payload = &payload[..];
     let sections = limits::sections(payload)?;
     let mut properties = match sections
         .iter()
@@ -293,7 +313,19 @@ fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
 }
 
 fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = String::with_capacity(2 * bytes.len());
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// Appends `bytes` in lowercase hex: on every delivery's path, so without
+/// the formatting machinery.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
 }
 
 /// A span id no other span of this process has: a counter through a
@@ -481,6 +513,27 @@ mod tests {
             carried_on_payload(&bare.encode().expect("encodes"), &context).expect("carried");
         let read = AmqpMessage::decode(&carried).expect("decodes");
         assert_eq!(TraceContext::of(&read), Ok(Some(context)));
+    }
+
+    #[test]
+    fn a_payload_whose_annotations_held_the_context_loses_them_for_the_new_one() {
+        let context = TraceContext::parse(PARENT).expect("valid").child();
+        let mut original = annotated(TRACEPARENT, Value::String(PARENT.to_owned()));
+        original
+            .message_annotations
+            .as_mut()
+            .expect("annotations")
+            .0
+            .insert(
+                OwnedKey::Symbol(Symbol::from("x-opt-other")),
+                Value::String("kept".to_owned()),
+            );
+        let payload = original.encode().expect("encodes");
+        let carried = carried_on_payload(&payload, &context).expect("carried");
+        let read = AmqpMessage::decode(&carried).expect("decodes");
+        assert_eq!(TraceContext::of(&read), Ok(Some(context)));
+        let annotations = read.message_annotations.expect("the others stay");
+        assert_eq!(annotations.0.len(), 1);
     }
 
     #[test]

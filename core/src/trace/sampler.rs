@@ -140,31 +140,31 @@ mod tests {
         assert!(Sampler::parse("traceidratio", Some("2")).is_err());
         assert!(
             Sampler::parse("sometimes", None)
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("sometimes")
         );
     }
 
     #[test]
     fn a_parent_based_sampler_follows_the_parent_and_decides_roots_itself() {
-        let sampler = Sampler::parse("parentbased_always_off", None).unwrap();
+        let sampler = Sampler::parse("parentbased_always_off", None).expect("a sampler");
         assert!(sampler.sampled(&[7; 16], Some(&parent(SAMPLED))));
         assert!(!sampler.sampled(&[7; 16], Some(&parent(0))));
         assert!(!sampler.sampled(&[7; 16], None));
-        let always = Sampler::parse("always_on", None).unwrap();
+        let always = Sampler::parse("always_on", None).expect("a sampler");
         assert!(always.sampled(&[7; 16], Some(&parent(0))));
     }
 
     #[test]
     fn a_ratio_keeps_about_that_share_of_traces_and_the_same_trace_every_time() {
-        let sampler = Sampler::parse("traceidratio", Some("0.25")).unwrap();
+        let sampler = Sampler::parse("traceidratio", Some("0.25")).expect("a sampler");
         let kept = (0..4000)
             .filter(|_| sampler.sampled(&TraceContext::root(0).trace_id, None))
             .count();
         assert!((800..1200).contains(&kept), "{kept} of 4000 kept");
         let id = [0xab; 16];
         assert_eq!(sampler.sampled(&id, None), sampler.sampled(&id, None));
-        let none = Sampler::parse("traceidratio", Some("0")).unwrap();
+        let none = Sampler::parse("traceidratio", Some("0")).expect("a sampler");
         assert!(!none.sampled(&[0; 16], None));
     }
 }

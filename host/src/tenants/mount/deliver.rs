@@ -81,8 +81,8 @@ pub(super) async fn handle(
         if let Some(size) = message.body_size() {
             span.set("messaging.message.body.size", size as i64);
         }
-        span.set("wharf.tenant", spec.tags.tenant.to_string());
-        span.set("wharf.mount", spec.tags.mount.to_string());
+        span.set("wharf.tenant", spec.tags.tenant.clone());
+        span.set("wharf.mount", spec.tags.mount.clone());
         span.set("wharf.attempt", i64::from(attempt));
     }
     let span = tracing::info_span!(
