@@ -3,11 +3,13 @@
 //! The shared helpers live in the `wharf_tests` library (`tests/src`).
 
 mod artemis;
+mod container;
 mod errors;
 mod faults;
 mod hostile;
 mod hostile_handlers;
 mod http;
+mod kubernetes;
 mod languages;
 mod limits;
 mod outbox;

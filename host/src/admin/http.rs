@@ -4,7 +4,8 @@
 //! of the mounts that are not, with their last error).
 //!
 //! With a token, every request but `/healthz` must carry it
-//! (`Authorization: Bearer ...`). Connections are capped and each has a
+//! (`Authorization: Bearer ...`); `/readyz` without it answers with the
+//! verdict alone, for probes that cannot carry a secret. Connections are capped and each has a
 //! deadline for its request and its answer; over the cap, the connection
 //! that has waited longest for its request is closed to make way. So
 //! clients that never send or never read cannot hold the listener, and a
@@ -286,12 +287,25 @@ impl Admin {
                 )
             };
         }
-        if let Some(token) = &self.token
-            && !request
+        let authorized = self.token.as_ref().is_none_or(|token| {
+            request
                 .bearer
                 .as_deref()
                 .is_some_and(|given| same_secret(given, token.expose()))
-        {
+        });
+        if request.path == "/readyz" && !authorized {
+            // A probe carries no token (Kubernetes' cannot read a Secret):
+            // it gets the verdict; the mounts' states need the token.
+            return match self.health.readiness() {
+                (true, _) => ("200 OK", "text/plain", "ready\n".to_owned()),
+                (false, _) => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "not ready\n".to_owned(),
+                ),
+            };
+        }
+        if !authorized {
             return (
                 "401 Unauthorized",
                 "text/plain",
