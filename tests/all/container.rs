@@ -45,41 +45,65 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// A config directory as a container mounts it at `/etc/wharf`: the
-/// config and its handler beside it.
+/// A config directory as a container mounts it at `/etc/wharf`, laid out
+/// as Kubernetes writes a ConfigMap volume: the files in a generation
+/// directory, `..data` linking to it, and links to `..data/<file>`.
 struct ConfigDir {
     path: PathBuf,
     admin: SocketAddr,
+    container_id: String,
+    generation: u32,
 }
 
 impl ConfigDir {
     fn new(queue: &str, out: &str) -> anyhow::Result<ConfigDir> {
         let path = std::env::temp_dir().join(unique("wharf-container"));
-        std::fs::create_dir_all(path.join("handlers"))?;
-        std::fs::copy(guest("fixture_script"), path.join("handlers/script.wasm"))?;
+        std::fs::create_dir_all(&path)?;
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let mut dir = ConfigDir {
+            path,
+            admin,
+            container_id: unique("wharf-container"),
+            generation: 0,
+        };
+        dir.write(queue, out)?;
+        std::os::unix::fs::symlink("..data/wharf.toml", dir.path.join("wharf.toml"))?;
+        std::os::unix::fs::symlink("..data/handlers", dir.path.join("handlers"))?;
+        Ok(dir)
+    }
+
+    /// Writes a new generation consuming `queue`, and swaps `..data` to
+    /// it in one rename, as the kubelet does.
+    fn write(&mut self, queue: &str, out: &str) -> anyhow::Result<()> {
+        self.generation += 1;
+        let name = format!("..generation_{}", self.generation);
+        let files = self.path.join(&name);
+        std::fs::create_dir_all(files.join("handlers"))?;
+        std::fs::copy(guest("fixture_script"), files.join("handlers/script.wasm"))?;
         let config = format!(
-            "[broker]\nurl = \"{}\"\ncontainer_id = \"{}\"\n[host]\nshutdown_grace = \"10s\"\n[admin]\nlisten = \"{admin}\"\n\
+            "[broker]\nurl = \"{}\"\ncontainer_id = \"{}\"\n[host]\nshutdown_grace = \"10s\"\n[admin]\nlisten = \"{}\"\n\
              [[tenant]]\nname = \"t\"\n[[tenant.mount]]\nname = \"m\"\nmodule = \"handlers/script.wasm\"\naddress = \"{queue}\"\ncredit = 20\n\
              [tenant.mount.grants]\nsend = [\"{out}\"]\n",
             artemis_url(),
-            unique("wharf-container")
+            self.container_id,
+            self.admin,
         );
-        std::fs::write(path.join("wharf.toml"), config)?;
-        // The container's user reads it.
-        for file in ["wharf.toml", "handlers/script.wasm", "handlers", ""] {
-            let mut permissions = std::fs::metadata(path.join(file))?.permissions();
-            std::os::unix::fs::PermissionsExt::set_mode(
-                &mut permissions,
-                if file.ends_with(".toml") || file.ends_with(".wasm") {
-                    0o644
-                } else {
-                    0o755
-                },
-            );
-            std::fs::set_permissions(path.join(file), permissions)?;
+        std::fs::write(files.join("wharf.toml"), config)?;
+        // The container's user reads what root wrote.
+        for (file, mode) in [
+            ("", 0o755),
+            ("handlers", 0o755),
+            ("wharf.toml", 0o644),
+            ("handlers/script.wasm", 0o644),
+        ] {
+            let mut permissions = std::fs::metadata(files.join(file))?.permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, mode);
+            std::fs::set_permissions(files.join(file), permissions)?;
         }
-        Ok(ConfigDir { path, admin })
+        let staged = self.path.join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &staged)?;
+        std::fs::rename(&staged, self.path.join("..data"))?;
+        Ok(())
     }
 }
 
@@ -175,7 +199,8 @@ impl Drop for Container {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_image_runs_as_non_root_handles_deliveries_and_answers_probes() -> anyhow::Result<()> {
+async fn the_image_runs_as_non_root_handles_deliveries_answers_probes_and_reloads_a_swapped_config()
+-> anyhow::Result<()> {
     let inspect = podman_output(&[
         "image",
         "inspect",
@@ -191,7 +216,7 @@ async fn the_image_runs_as_non_root_handles_deliveries_and_answers_probes() -> a
 
     let q = unique("container");
     let out = format!("{q}.out");
-    let config = ConfigDir::new(&q, &out)?;
+    let mut config = ConfigDir::new(&q, &out)?;
     let container = Container::run(&config.path).await?;
     let (status, _) = http_get(config.admin, "/healthz").await?;
     assert!(status.contains("200"), "/healthz: {status}");
@@ -209,6 +234,21 @@ async fn the_image_runs_as_non_root_handles_deliveries_and_answers_probes() -> a
     for _ in &ids {
         outputs.next().await?;
     }
+
+    // A new config swapped in as the kubelet does: the mount moves to
+    // another queue without a restart.
+    let moved = format!("{q}.moved");
+    config.write(&moved, &out)?;
+    container.wait_for_log("config reloaded").await?;
+    let id = format!("{moved}.1");
+    client
+        .publish_scripted(
+            &moved,
+            std::slice::from_ref(&id),
+            &format!("*:send={out},ack"),
+        )
+        .await?;
+    outputs.next().await?;
     outputs.close().await;
     client.close().await;
     let pid = podman_output(&["inspect", "--format", "{{.State.Pid}}", &container.name]).await?;
