@@ -17,6 +17,7 @@ pub mod endpoint;
 pub mod grants;
 pub mod message;
 pub mod retry_key;
+pub mod sampler;
 pub mod settlement;
 pub mod tls;
 pub mod trace;

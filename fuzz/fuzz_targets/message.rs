@@ -30,7 +30,6 @@ fuzz_target!(|payload: &[u8]| {
         mount: "m",
         attempt: decoded.counters().attempt(),
         presettled: false,
-        trace: None,
     };
     let _ = message::to_delivery(&decoded, context);
     let _ = decoded.identity();

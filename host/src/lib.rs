@@ -24,4 +24,4 @@ pub mod telemetry;
 pub mod tenants;
 
 pub use tenants::{Host, HostError, RunningHost};
-pub use wharf_core::{backoff, config, grants, trace, words};
+pub use wharf_core::{backoff, config, grants, sampler, trace, words};

@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{OtlpProtocol, ParentMode, Telemetry as TelemetryConfig};
 use crate::logging::{Repeats, Tell};
-use crate::trace::{SAMPLED, Sampler, TraceContext};
+use crate::sampler::{SAMPLED, Sampler};
+use crate::trace::TraceContext;
 
 /// The kinds of span wharf records.
 pub use opentelemetry::trace::SpanKind as Kind;
@@ -223,7 +224,9 @@ impl Telemetry {
             (Some(publisher), ParentMode::Child) => (publisher.child(), Some(publisher), None),
             (publisher, _) => (TraceContext::root(0), None, publisher),
         };
-        let sampled = exporting.sampler.sampled(&context.trace_id, parent);
+        let sampled = exporting
+            .sampler
+            .sampled(&context.trace_id, parent.map(TraceContext::sampled));
         let context = TraceContext {
             flags: (context.flags & !SAMPLED) | if sampled { SAMPLED } else { 0 },
             state: parent.and_then(|parent| parent.state.clone()),
@@ -524,7 +527,7 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::Decision;
+    use crate::sampler::Decision;
 
     fn resolve(
         config: &str,

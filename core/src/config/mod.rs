@@ -263,7 +263,7 @@ pub enum ParentMode {
 /// A sampler name, checked as it is read.
 fn sampler<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let name = String::deserialize(d)?;
-    crate::trace::Sampler::parse(&name, None).map_err(serde::de::Error::custom)?;
+    crate::sampler::Sampler::parse(&name, None).map_err(serde::de::Error::custom)?;
     Ok(Some(name))
 }
 

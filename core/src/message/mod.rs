@@ -238,7 +238,7 @@ impl AmqpMessage {
             properties
                 .iter()
                 .filter(|(key, _)| {
-                    key != crate::trace::TRACEPARENT && key != crate::trace::TRACESTATE
+                    key != crate::trace::keys::TRACEPARENT && key != crate::trace::keys::TRACESTATE
                 })
                 .cloned()
                 .collect()

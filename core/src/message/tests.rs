@@ -27,7 +27,6 @@ fn context() -> DeliveryContext<'static> {
         mount: "m",
         attempt: 1,
         presettled: false,
-        trace: None,
     }
 }
 
@@ -366,38 +365,4 @@ fn what_would_not_decode_is_never_encoded() {
         .encode()
         .expect_err("the encoder's output is malformed");
     assert!(error.0.contains("cannot be read back"), "{error}");
-}
-
-#[test]
-fn the_handler_sees_the_handlings_trace_context_in_place_of_the_publishers() {
-    use crate::trace::{DIAGNOSTIC_ID, TRACEPARENT, TraceContext};
-    let mut m = message();
-    m.application_properties = Some(vec![
-        ("kept".to_owned(), Value::String("yes".to_owned())),
-        (
-            DIAGNOSTIC_ID.to_owned(),
-            Value::String("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()),
-        ),
-    ]);
-    let handling = TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01")
-        .expect("a context");
-    let seen = to_delivery(
-        &m,
-        DeliveryContext {
-            trace: Some(&handling),
-            ..context()
-        },
-    );
-    let keys: Vec<&str> = seen.properties.iter().map(|p| p.key.as_str()).collect();
-    assert_eq!(keys, ["kept", TRACEPARENT]);
-    assert_eq!(
-        seen.properties[1].value,
-        PropertyValue::String(handling.traceparent())
-    );
-    let untraced = to_delivery(&m, context());
-    assert_eq!(
-        untraced.properties.len(),
-        2,
-        "without a context, as it arrived"
-    );
 }

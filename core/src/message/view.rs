@@ -89,10 +89,6 @@ pub struct DeliveryContext<'a> {
     pub attempt: u32,
     /// Whether the delivery arrived settled.
     pub presettled: bool,
-    /// The context of the delivery's handling: the handler sees it as its
-    /// `traceparent` and `tracestate` properties, in place of whatever
-    /// form of context the publisher sent.
-    pub trace: Option<&'a crate::trace::TraceContext>,
 }
 
 /// What the handler sees of a delivery.
@@ -109,47 +105,21 @@ pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> Deliv
         message_id: properties.and_then(|p| p.message_id.as_ref().map(message_id_text)),
         correlation_id: properties.and_then(|p| p.correlation_id.as_ref().map(message_id_text)),
         reply_to: properties.and_then(|p| p.reply_to.clone()),
-        properties: handler_properties(message, context.trace),
+        properties: message
+            .application_properties
+            .iter()
+            .flatten()
+            .map(|(key, value)| Property {
+                key: key.clone(),
+                value: property_value(value),
+            })
+            .collect(),
         address: context.address.to_owned(),
         tenant: context.tenant.to_owned(),
         mount: context.mount.to_owned(),
         attempt: context.attempt,
         presettled: context.presettled,
     }
-}
-
-/// The application properties as the handler sees them: as they arrived,
-/// but for the trace context, which is the handling's own.
-fn handler_properties(
-    message: &AmqpMessage,
-    trace: Option<&crate::trace::TraceContext>,
-) -> Vec<Property> {
-    use crate::trace::{DIAGNOSTIC_ID, TRACEPARENT, TRACESTATE};
-    let traced =
-        |key: &str| trace.is_some() && [TRACEPARENT, TRACESTATE, DIAGNOSTIC_ID].contains(&key);
-    let mut properties: Vec<Property> = message
-        .application_properties
-        .iter()
-        .flatten()
-        .filter(|(key, _)| !traced(key))
-        .map(|(key, value)| Property {
-            key: key.clone(),
-            value: property_value(value),
-        })
-        .collect();
-    if let Some(trace) = trace {
-        properties.push(Property {
-            key: TRACEPARENT.to_owned(),
-            value: PropertyValue::String(trace.traceparent()),
-        });
-        if let Some(state) = &trace.state {
-            properties.push(Property {
-                key: TRACESTATE.to_owned(),
-                value: PropertyValue::String(state.clone()),
-            });
-        }
-    }
-    properties
 }
 
 /// The body as the handler gets it, and whether the host rendered it as

@@ -14,23 +14,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-mod sampler;
+use crate::sampler::SAMPLED;
 
-pub use sampler::{Decision, SAMPLED, Sampler};
+pub mod keys;
+
+pub use keys::{DIAGNOSTIC_ID, QPID_TRACESTATE, TRACEPARENT, TRACESTATE};
 
 use fe2o3_amqp_types::messaging::annotations::OwnedKey;
 use fe2o3_amqp_types::primitives::{Symbol, Value};
 
-use crate::message::AmqpMessage;
-
-/// The `traceparent` key, in annotations and application properties.
-pub const TRACEPARENT: &str = "traceparent";
-/// The `tracestate` key.
-pub const TRACESTATE: &str = "tracestate";
-/// The message-annotation map Qpid's clients keep the context in.
-pub const QPID_TRACESTATE: &str = "x-opt-qpid-tracestate";
-/// The application property Azure's SDKs write.
-pub const DIAGNOSTIC_ID: &str = "Diagnostic-Id";
+use crate::message::{AmqpMessage, Property, PropertyValue};
 
 /// The longest `tracestate` carried on (the W3C limit is 32 entries of at
 /// most 256 characters; 512 is what implementations must propagate).
@@ -216,6 +209,24 @@ impl AmqpMessage {
             self.application_properties.get_or_insert_with(Vec::new),
             context,
         );
+    }
+}
+
+/// A delivery's application properties as its handler gets them, with
+/// `context` (its handling's) as `traceparent` and `tracestate` in place
+/// of whatever form of context the publisher sent, so a handler's own
+/// telemetry joins the trace below the handling.
+pub fn show_to_handler(properties: &mut Vec<Property>, context: &TraceContext) {
+    properties.retain(|p| ![TRACEPARENT, TRACESTATE, DIAGNOSTIC_ID].contains(&p.key.as_str()));
+    properties.push(Property {
+        key: TRACEPARENT.to_owned(),
+        value: PropertyValue::String(context.traceparent()),
+    });
+    if let Some(state) = &context.state {
+        properties.push(Property {
+            key: TRACESTATE.to_owned(),
+            value: PropertyValue::String(state.clone()),
+        });
     }
 }
 
@@ -534,6 +545,30 @@ mod tests {
         assert_eq!(TraceContext::of(&read), Ok(Some(context)));
         let annotations = read.message_annotations.expect("the others stay");
         assert_eq!(annotations.0.len(), 1);
+    }
+
+    #[test]
+    fn the_handler_sees_the_handlings_context_in_place_of_the_publishers() {
+        let handling =
+            TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01")
+                .expect("a context");
+        let mut properties = vec![
+            Property {
+                key: "kept".to_owned(),
+                value: PropertyValue::String("yes".to_owned()),
+            },
+            Property {
+                key: DIAGNOSTIC_ID.to_owned(),
+                value: PropertyValue::String(PARENT.to_owned()),
+            },
+        ];
+        show_to_handler(&mut properties, &handling);
+        let keys: Vec<&str> = properties.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["kept", TRACEPARENT]);
+        assert_eq!(
+            properties[1].value,
+            PropertyValue::String(handling.traceparent())
+        );
     }
 
     #[test]

@@ -211,7 +211,7 @@ async fn run_handler(
     trace: Option<&TraceContext>,
 ) -> (HandlerResult, Vec<Outgoing>, MemoryHeld) {
     let spec = &context.spec;
-    let delivery: crate::sandbox::Delivery = message::to_delivery(
+    let mut seen = message::to_delivery(
         message,
         DeliveryContext {
             address: &spec.config.address,
@@ -219,10 +219,12 @@ async fn run_handler(
             mount: &spec.tags.mount,
             attempt,
             presettled: spec.config.settle == Settle::AtMostOnce,
-            trace,
         },
-    )
-    .into();
+    );
+    if let Some(trace) = trace {
+        wharf_core::trace::show_to_handler(&mut seen.properties, trace);
+    }
+    let delivery: crate::sandbox::Delivery = seen.into();
     let instances = instance.instances().clone();
     let module = instances.module();
     let Call {
