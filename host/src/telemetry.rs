@@ -203,11 +203,6 @@ impl Telemetry {
         Ok((telemetry, Exporter { stop, task }))
     }
 
-    /// Whether spans are exported.
-    pub fn is_on(&self) -> bool {
-        self.0.is_some()
-    }
-
     /// The context of a delivery's handling, and its `process` span when
     /// the trace is recorded. Off, it is a child of `publisher` (and there
     /// is none without one); on, a delivery without a context starts a

@@ -19,8 +19,8 @@ fn image() -> String {
     std::env::var("WHARF_IMAGE").unwrap_or_else(|_| "localhost/wharf:latest".to_owned())
 }
 
-/// `podman` with the runtime flags these machines need (see
-/// `../shared/TOOLCHAIN.md`).
+/// `podman` with the flags containers need on machines with hybrid
+/// cgroups: the `runc` runtime and the cgroupfs manager.
 fn podman() -> tokio::process::Command {
     let mut command = tokio::process::Command::new("podman");
     command.args(["--runtime", "runc", "--cgroup-manager=cgroupfs"]);
