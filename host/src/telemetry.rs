@@ -125,18 +125,19 @@ impl Settings {
                 default
             }),
         };
+        // A variable is read (and warned about) only where the file leaves
+        // its setting to it.
         let max_queue = config
             .max_queue
-            .unwrap_or(number("OTEL_BSP_MAX_QUEUE_SIZE", 2048) as usize)
+            .unwrap_or_else(|| number("OTEL_BSP_MAX_QUEUE_SIZE", 2048) as usize)
             .max(1);
         let max_batch = config
             .max_batch
-            .unwrap_or(number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512) as usize)
+            .unwrap_or_else(|| number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512) as usize)
             .clamp(1, max_queue);
-        let export_delay = config.export_delay.unwrap_or(Duration::from_millis(number(
-            "OTEL_BSP_SCHEDULE_DELAY",
-            5000,
-        )));
+        let export_delay = config
+            .export_delay
+            .unwrap_or_else(|| Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5000)));
         let export_timeout = Duration::from_millis(number("OTEL_BSP_EXPORT_TIMEOUT", 30_000));
         Ok(Some(Settings {
             endpoint: config.endpoint.clone(),
@@ -429,17 +430,24 @@ async fn export(
 ) {
     let mut failing = Repeats::default();
     let mut batch = Vec::with_capacity(settings.max_batch);
+    let mut stopping = false;
     loop {
         let received = tokio::select! {
             received = spans.recv_many(&mut batch, settings.max_batch) => received,
-            () = stop.cancelled() => 0,
+            // Stopping: no more spans come in; what is queued goes out now,
+            // a batch at a time, until the closed queue is empty.
+            () = stop.cancelled(), if !stopping => {
+                spans.close();
+                stopping = true;
+                continue;
+            }
         };
         if received == 0 {
             break;
         }
         // Wait for a fuller batch, up to the delay.
         let due = tokio::time::Instant::now() + settings.export_delay;
-        while batch.len() < settings.max_batch {
+        while !stopping && batch.len() < settings.max_batch {
             let room = settings.max_batch - batch.len();
             tokio::select! {
                 received = spans.recv_many(&mut batch, room) => if received == 0 { break },
@@ -455,24 +463,6 @@ async fn export(
             &mut failing,
         )
         .await;
-    }
-    // Stopping: what is queued goes out now.
-    spans.close();
-    while let Ok(span) = spans.try_recv() {
-        batch.push(span);
-        if batch.len() == settings.max_batch {
-            send(
-                &exporter,
-                std::mem::take(&mut batch),
-                &settings,
-                &counts,
-                &mut failing,
-            )
-            .await;
-        }
-    }
-    if !batch.is_empty() {
-        send(&exporter, batch, &settings, &counts, &mut failing).await;
     }
     let _ = exporter.shutdown();
 }
