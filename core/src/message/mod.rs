@@ -66,6 +66,22 @@ pub struct AmqpMessage {
     pub unread: Vec<(u64, bytes::Bytes)>,
 }
 
+impl AmqpMessage {
+    /// A message without any section, to build one up from.
+    pub fn empty() -> AmqpMessage {
+        AmqpMessage {
+            header: None,
+            delivery_annotations: None,
+            message_annotations: None,
+            properties: None,
+            application_properties: None,
+            body: Body::Empty,
+            footer: None,
+            unread: Vec::new(),
+        }
+    }
+}
+
 impl From<Message<Body<Value>>> for AmqpMessage {
     fn from(message: Message<Body<Value>>) -> AmqpMessage {
         AmqpMessage {
@@ -244,14 +260,9 @@ impl AmqpMessage {
                 .collect()
         });
         let bare = AmqpMessage {
-            header: None,
-            delivery_annotations: None,
-            message_annotations: None,
-            footer: None,
-            unread: Vec::new(),
             properties: self.properties.clone(),
             application_properties,
-            body: Body::Empty,
+            ..AmqpMessage::empty()
         };
         // The body is the large part: digested as encoded, not copied.
         for part in [

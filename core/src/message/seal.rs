@@ -77,18 +77,12 @@ mod tests {
     fn a_sealed_copy_verifies_and_a_forged_count_does_not() {
         let key = RetryKey::new(b"secret".to_vec());
         let original = AmqpMessage {
-            header: None,
-            delivery_annotations: None,
-            message_annotations: None,
             properties: Some(
                 fe2o3_amqp_types::messaging::Properties::builder()
                     .message_id("m-1".to_owned())
                     .build(),
             ),
-            application_properties: None,
-            body: fe2o3_amqp_types::messaging::Body::Empty,
-            footer: None,
-            unread: Vec::new(),
+            ..AmqpMessage::empty()
         };
         let mut copy = original.copy(2, None);
         assert!(

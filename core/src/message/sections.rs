@@ -49,16 +49,7 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
     // Nothing is decoded until the whole payload is known to be within the
     // limits: decoding recurses once per level of nesting.
     limits::check(payload, ValueLimits::DEFAULT).map_err(|e| DecodeFailure(e.to_string()))?;
-    let mut message = AmqpMessage {
-        header: None,
-        delivery_annotations: None,
-        message_annotations: None,
-        properties: None,
-        application_properties: None,
-        body: Body::Empty,
-        footer: None,
-        unread: Vec::new(),
-    };
+    let mut message = AmqpMessage::empty();
     let mut data = Vec::new();
     let mut sequences = Vec::new();
     let mut reader = SliceReader::new(payload);

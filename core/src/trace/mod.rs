@@ -374,19 +374,6 @@ mod tests {
 
     const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-    fn message() -> AmqpMessage {
-        AmqpMessage {
-            header: None,
-            delivery_annotations: None,
-            message_annotations: None,
-            properties: None,
-            application_properties: None,
-            body: Body::Empty,
-            footer: None,
-            unread: Vec::new(),
-        }
-    }
-
     fn annotated(key: &str, value: Value) -> AmqpMessage {
         let mut annotations = MessageAnnotations::builder().build();
         annotations
@@ -394,14 +381,14 @@ mod tests {
             .insert(OwnedKey::Symbol(Symbol::from(key)), value);
         AmqpMessage {
             message_annotations: Some(annotations),
-            ..message()
+            ..AmqpMessage::empty()
         }
     }
 
     fn with_property(key: &str, value: Value) -> AmqpMessage {
         AmqpMessage {
             application_properties: Some(vec![(key.to_owned(), value)]),
-            ..message()
+            ..AmqpMessage::empty()
         }
     }
 
@@ -458,7 +445,7 @@ mod tests {
             .expect("readable")
             .expect("found");
         assert_eq!(read.state.as_deref(), Some("congo=t61rcWkgMzE"));
-        assert_eq!(TraceContext::of(&message()), Ok(None));
+        assert_eq!(TraceContext::of(&AmqpMessage::empty()), Ok(None));
         let malformed = with_property(TRACEPARENT, Value::String("00-nope".to_owned()));
         assert!(TraceContext::of(&malformed).is_err());
         let not_text = with_property(TRACEPARENT, Value::Int(7));
@@ -519,7 +506,7 @@ mod tests {
         assert_eq!(read.message_annotations, original.message_annotations);
         // Without application properties, the section is added before
         // the body.
-        let bare = message();
+        let bare = AmqpMessage::empty();
         let carried =
             carried_on_payload(&bare.encode().expect("encodes"), &context).expect("carried");
         let read = AmqpMessage::decode(&carried).expect("decodes");
