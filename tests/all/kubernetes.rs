@@ -39,15 +39,20 @@ fn text<'a>(value: &'a Value, pointer: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no text at {pointer}"))
 }
 
+/// The list of strings at `key`.
+fn strings<'a>(value: &'a Value, key: &str) -> anyhow::Result<Vec<&'a str>> {
+    Ok(value[key]
+        .as_array()
+        .with_context(|| format!("no list `{key}`"))?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect())
+}
+
 #[test]
 fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
     let kustomization = manifest("kustomization.yaml")?;
-    let resources: Vec<&str> = kustomization["resources"]
-        .as_array()
-        .context("resources")?
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let resources = strings(&kustomization, "resources")?;
     for resource in &resources {
         manifest(resource)?;
     }
@@ -73,12 +78,7 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
     };
 
     // The config the container is told to read is the ConfigMap's.
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .context("args")?
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let args = strings(container, "args")?;
     let config_path = args[args
         .iter()
         .position(|a| *a == "--config")

@@ -6,10 +6,9 @@
 use std::time::Duration;
 
 use fe2o3_amqp::types::primitives::SimpleValue;
-use wharf::broker::message::AmqpMessage;
-use wharf::trace::{TRACEPARENT, TraceContext};
+use wharf::trace::TRACEPARENT;
 
-use crate::client::{Client, TestMessage};
+use crate::client::{Client, TestMessage, trace_context as carried};
 use crate::collector::{Collector, ReceivedSpan};
 use crate::process::WharfProcess;
 use crate::{MountToml, TestHost, artemis_url, unique};
@@ -22,14 +21,6 @@ const SPANS_WITHIN: Duration = Duration::from_secs(30);
 
 fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
     spans.iter().filter(|s| s.name == name).collect()
-}
-
-/// The context a received message carries, which must be there.
-fn carried(message: &AmqpMessage) -> TraceContext {
-    TraceContext::of(message)
-        .ok()
-        .flatten()
-        .expect("the message carries a trace context")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -119,7 +110,10 @@ async fn one_messages_attempts_copy_and_dead_letter_are_one_trace() -> anyhow::R
     let dead_span = named(&spans, &format!("send {dead}"))[0];
     assert_eq!(dead_span.parent_span_id, processes[3].span_id);
     assert_eq!(dead_span.attribute("wharf.dead_letter"), "true");
-    assert_eq!(carried(&dead_letter).span_id_hex(), dead_span.span_id);
+    assert_eq!(
+        carried(&dead_letter, "the dead letter")?.span_id_hex(),
+        dead_span.span_id
+    );
 
     // Every settle is below the attempt it settles.
     for settle in named(&spans, &format!("settle {q}")) {
@@ -163,8 +157,8 @@ async fn outputs_and_replies_carry_their_send_spans_context_over_grpc() -> anyho
             message = message.property(TRACEPARENT, SimpleValue::String(parent.into()));
         }
         client.publish(&q, message).await?;
-        let output = carried(&outputs.next().await?.1);
-        let reply = carried(&answers.next().await?.1);
+        let output = carried(&outputs.next().await?.1, "the output")?;
+        let reply = carried(&answers.next().await?.1, "the reply")?;
         let spans = collector
             .wait_until(SPANS_WITHIN, |spans| {
                 [&output, &reply]
@@ -233,7 +227,7 @@ async fn sampling_follows_the_publisher_and_decides_traces_that_start_here() -> 
             message = message.property(TRACEPARENT, SimpleValue::String(parent.into()));
         }
         client.publish(&q, message).await?;
-        contexts.push(carried(&outputs.next().await?.1));
+        contexts.push(carried(&outputs.next().await?.1, "the output")?);
     }
     assert!(!contexts[0].sampled() && !contexts[1].sampled());
     assert!(contexts[2].sampled());

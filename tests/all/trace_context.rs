@@ -9,7 +9,7 @@ use fe2o3_amqp::types::primitives::{Binary, OrderedMap, SimpleValue, Symbol, Val
 use wharf::broker::message::AmqpMessage;
 use wharf::trace::{DIAGNOSTIC_ID, QPID_TRACESTATE, TRACEPARENT, TRACESTATE, TraceContext};
 
-use crate::client::{Client, TestMessage};
+use crate::client::{Client, TestMessage, trace_context as carried};
 use crate::{MountToml, TestHost, artemis_url, unique};
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
@@ -25,13 +25,6 @@ fn annotated(message: TestMessage, key: &str, value: Value) -> AmqpMessage {
         .insert(OwnedKey::Symbol(Symbol::from(key)), value);
     message.message_annotations = Some(annotations);
     message
-}
-
-/// The context a received message carries, which must be there.
-fn carried(message: &AmqpMessage, what: &str) -> anyhow::Result<TraceContext> {
-    TraceContext::of(message)
-        .map_err(|e| anyhow::anyhow!("{what}: unreadable context in the {}", e.place))?
-        .ok_or_else(|| anyhow::anyhow!("{what}: no trace context"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -498,3 +498,14 @@ pub fn body_text(message: &AmqpMessage) -> String {
         other => format!("{other:?}"),
     }
 }
+
+/// The trace context `message` carries, which must be there (`what`
+/// names the message in the error).
+pub fn trace_context(
+    message: &AmqpMessage,
+    what: &str,
+) -> anyhow::Result<wharf::trace::TraceContext> {
+    wharf::trace::TraceContext::of(message)
+        .map_err(|e| anyhow::anyhow!("{what}: unreadable context in the {}", e.place))?
+        .ok_or_else(|| anyhow::anyhow!("{what}: no trace context"))
+}
