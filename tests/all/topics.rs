@@ -50,7 +50,7 @@ async fn end(address: &str, name: &str) -> anyhow::Result<()> {
 async fn messages_published_while_no_replica_runs_wait_for_the_durable_subscription()
 -> anyhow::Result<()> {
     let address = topic();
-    let tenants = [TenantToml::new("t", vec![topic_mount("m", &address)])];
+    let tenants = [TenantToml::new("waits", vec![topic_mount("m", &address)])];
     let mut client = Client::connect(&artemis_url()).await?;
     let mut host = start(&tenants).await?;
     let ids = |from: usize, to: usize| {
@@ -72,7 +72,7 @@ async fn messages_published_while_no_replica_runs_wait_for_the_durable_subscript
     client
         .publish_scripted(&address, &ids(2, 5), "*:ack")
         .await?;
-    assert_eq!(client.artemis_count("wharf.t.m:global").await?, 3);
+    assert_eq!(client.artemis_count("wharf.waits.m:global").await?, 3);
     let mut host = start(&tenants).await?;
     for id in ids(2, 5) {
         assert_eq!(
@@ -81,8 +81,8 @@ async fn messages_published_while_no_replica_runs_wait_for_the_durable_subscript
         );
     }
     host.stop().await?;
-    end(&address, "wharf.t.m").await?;
-    assert_eq!(client.artemis_count("wharf.t.m:global").await?, 0);
+    end(&address, "wharf.waits.m").await?;
+    assert_eq!(client.artemis_count("wharf.waits.m:global").await?, 0);
     client.close().await;
     Ok(())
 }
@@ -215,7 +215,7 @@ async fn a_stop_keeps_the_subscription_and_removing_the_mount_ends_it() -> anyho
         &url,
         "",
         &[TenantToml::new(
-            "t",
+            "stops",
             vec![
                 topic_mount("m", &address),
                 MountToml::new("other", "fixture_script", &unique("other")),
@@ -230,7 +230,7 @@ async fn a_stop_keeps_the_subscription_and_removing_the_mount_ends_it() -> anyho
         .publish(&address, TestMessage::new(&unique("kept"), "x"))
         .await?;
     assert_eq!(
-        client.artemis_count("wharf.t.m:global").await?,
+        client.artemis_count("wharf.stops.m:global").await?,
         1,
         "a stop ended the subscription"
     );
@@ -239,18 +239,18 @@ async fn a_stop_keeps_the_subscription_and_removing_the_mount_ends_it() -> anyho
         &url,
         "",
         &[TenantToml::new(
-            "t",
+            "stops",
             vec![MountToml::new("other", "fixture_script", &unique("other"))],
         )],
     );
     files.replace("wharf.toml", without_mount.as_bytes())?;
     let change = config_reloaded(&mut host).await?;
-    assert!(change.removed.contains(&"t/m".to_owned()), "{change:?}");
+    assert!(change.removed.contains(&"stops/m".to_owned()), "{change:?}");
     client
         .publish(&address, TestMessage::new(&unique("after"), "x"))
         .await?;
     assert_eq!(
-        client.artemis_count("wharf.t.m:global").await?,
+        client.artemis_count("wharf.stops.m:global").await?,
         0,
         "the subscription outlived its mount"
     );
@@ -263,7 +263,7 @@ async fn a_stop_keeps_the_subscription_and_removing_the_mount_ends_it() -> anyho
 async fn a_volatile_subscription_keeps_nothing_while_the_mount_is_away() -> anyhow::Result<()> {
     let address = topic();
     let tenants = [TenantToml::new(
-        "t",
+        "volatile",
         vec![topic_mount("m", &address).with("subscription = \"volatile\"")],
     )];
     let mut client = Client::connect(&artemis_url()).await?;
@@ -290,18 +290,31 @@ async fn a_volatile_subscription_keeps_nothing_while_the_mount_is_away() -> anyh
 #[tokio::test]
 async fn wharf_unsubscribe_ends_a_stopped_mounts_subscription() -> anyhow::Result<()> {
     let address = topic();
-    let tenants = [TenantToml::new("t", vec![topic_mount("m", &address)])];
+    let tenants = [TenantToml::new(
+        "unsubscribes",
+        vec![topic_mount("m", &address)],
+    )];
     let text = tenants_text(&artemis_url(), "", &tenants);
     let mut client = Client::connect(&artemis_url()).await?;
     start(&tenants).await?.stop().await?;
     client
         .publish(&address, TestMessage::new(&unique("kept"), "x"))
         .await?;
-    assert_eq!(client.artemis_count("wharf.t.m:global").await?, 1);
+    assert_eq!(
+        client.artemis_count("wharf.unsubscribes.m:global").await?,
+        1
+    );
     let config = std::env::temp_dir().join(format!("{}.toml", unique("unsubscribe")));
     std::fs::write(&config, text)?;
     let ended = tokio::process::Command::new(crate::process::wharf_binary())
-        .args(["unsubscribe", "--tenant", "t", "--mount", "m", "--config"])
+        .args([
+            "unsubscribe",
+            "--tenant",
+            "unsubscribes",
+            "--mount",
+            "m",
+            "--config",
+        ])
         .arg(&config)
         .output()
         .await?;
@@ -313,13 +326,16 @@ async fn wharf_unsubscribe_ends_a_stopped_mounts_subscription() -> anyhow::Resul
         String::from_utf8_lossy(&ended.stderr)
     );
     assert!(
-        stdout.contains("ended subscription `wharf.t.m`"),
+        stdout.contains("ended subscription `wharf.unsubscribes.m`"),
         "{stdout}"
     );
     client
         .publish(&address, TestMessage::new(&unique("gone"), "x"))
         .await?;
-    assert_eq!(client.artemis_count("wharf.t.m:global").await?, 0);
+    assert_eq!(
+        client.artemis_count("wharf.unsubscribes.m:global").await?,
+        0
+    );
     client.close().await;
     Ok(())
 }
@@ -358,7 +374,7 @@ async fn a_shared_topic_mount_replaced_by_a_reload_loses_nothing() -> anyhow::Re
             &url,
             "",
             &[TenantToml::new(
-                "t",
+                "reloads",
                 vec![topic_mount("m", &address).with(&format!("concurrency = {concurrency}"))],
             )],
         )
@@ -374,7 +390,7 @@ async fn a_shared_topic_mount_replaced_by_a_reload_loses_nothing() -> anyhow::Re
     // to the same subscription before the old one drains.
     files.replace("wharf.toml", config(4).as_bytes())?;
     let change = config_reloaded(&mut host).await?;
-    assert_eq!(change.replaced, ["t/m"], "{change:?}");
+    assert_eq!(change.replaced, ["reloads/m"], "{change:?}");
     client
         .publish_scripted(&address, &ids[EACH..], "*:ack")
         .await?;
@@ -394,6 +410,6 @@ async fn a_shared_topic_mount_replaced_by_a_reload_loses_nothing() -> anyhow::Re
     assert_eq!(duplicates, 0, "{handled:?}");
     host.stop().await?;
     client.close().await;
-    end(&address, "wharf.t.m").await?;
+    end(&address, "wharf.reloads.m").await?;
     Ok(())
 }
