@@ -12,7 +12,9 @@ use wharf::settlement::Disposition;
 use crate::client::{Client, TestMessage, input_of_output, message_id};
 use crate::process::{WharfProcess, signal};
 use crate::reload::{Workspace, config_reloaded};
-use crate::{MountToml, TenantToml, TestHost, artemis_url, repo_root, tenants_text, unique};
+use crate::{
+    MountToml, TenantToml, TestHost, artemis_url, repo_root, tenants_text, unique, wait_for_count,
+};
 
 /// A topic address: `fanout.*` addresses are multicast on the test broker.
 fn topic() -> String {
@@ -27,6 +29,12 @@ fn topic_mount(name: &str, address: &str) -> MountToml {
 async fn start(tenants: &[TenantToml]) -> anyhow::Result<TestHost> {
     let text = tenants_text(&artemis_url(), "", tenants);
     TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await
+}
+
+/// Waits until the subscription queue `queue` holds `expected` messages:
+/// the broker counts a published message once it has routed it.
+async fn counted(client: &mut Client, queue: &str, expected: u64) -> anyhow::Result<()> {
+    wait_for_count(queue, expected, async || client.artemis_count(queue).await).await
 }
 
 /// Ends the test's durable subscription so none is left on the broker.
@@ -72,7 +80,7 @@ async fn messages_published_while_no_replica_runs_wait_for_the_durable_subscript
     client
         .publish_scripted(&address, &ids(2, 5), "*:ack")
         .await?;
-    assert_eq!(client.artemis_count("wharf.waits.m:global").await?, 3);
+    counted(&mut client, "wharf.waits.m:global", 3).await?;
     let mut host = start(&tenants).await?;
     for id in ids(2, 5) {
         assert_eq!(
@@ -82,7 +90,7 @@ async fn messages_published_while_no_replica_runs_wait_for_the_durable_subscript
     }
     host.stop().await?;
     end(&address, "wharf.waits.m").await?;
-    assert_eq!(client.artemis_count("wharf.waits.m:global").await?, 0);
+    counted(&mut client, "wharf.waits.m:global", 0).await?;
     client.close().await;
     Ok(())
 }
@@ -229,11 +237,7 @@ async fn a_stop_keeps_the_subscription_and_removing_the_mount_ends_it() -> anyho
     client
         .publish(&address, TestMessage::new(&unique("kept"), "x"))
         .await?;
-    assert_eq!(
-        client.artemis_count("wharf.stops.m:global").await?,
-        1,
-        "a stop ended the subscription"
-    );
+    counted(&mut client, "wharf.stops.m:global", 1).await?;
     let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
     let without_mount = tenants_text(
         &url,
@@ -249,11 +253,7 @@ async fn a_stop_keeps_the_subscription_and_removing_the_mount_ends_it() -> anyho
     client
         .publish(&address, TestMessage::new(&unique("after"), "x"))
         .await?;
-    assert_eq!(
-        client.artemis_count("wharf.stops.m:global").await?,
-        0,
-        "the subscription outlived its mount"
-    );
+    counted(&mut client, "wharf.stops.m:global", 0).await?;
     host.stop().await?;
     client.close().await;
     Ok(())
@@ -300,10 +300,7 @@ async fn wharf_unsubscribe_ends_a_stopped_mounts_subscription() -> anyhow::Resul
     client
         .publish(&address, TestMessage::new(&unique("kept"), "x"))
         .await?;
-    assert_eq!(
-        client.artemis_count("wharf.unsubscribes.m:global").await?,
-        1
-    );
+    counted(&mut client, "wharf.unsubscribes.m:global", 1).await?;
     let config = std::env::temp_dir().join(format!("{}.toml", unique("unsubscribe")));
     std::fs::write(&config, text)?;
     let ended = tokio::process::Command::new(crate::process::wharf_binary())
@@ -332,10 +329,7 @@ async fn wharf_unsubscribe_ends_a_stopped_mounts_subscription() -> anyhow::Resul
     client
         .publish(&address, TestMessage::new(&unique("gone"), "x"))
         .await?;
-    assert_eq!(
-        client.artemis_count("wharf.unsubscribes.m:global").await?,
-        0
-    );
+    counted(&mut client, "wharf.unsubscribes.m:global", 0).await?;
     client.close().await;
     Ok(())
 }
