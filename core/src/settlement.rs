@@ -154,9 +154,29 @@ pub struct Policy {
     /// How the original of a `retry-after` is settled once its copy is
     /// accepted: `rejected` (the contract) or `accepted`.
     pub retry_after_original: Disposition,
+    /// The broker puts a `rejected` delivery back on its queue (Qpid
+    /// Broker-J without a delivery limit), so `rejected` cannot give a
+    /// delivery up: the host does, to the dead-letter address, or with
+    /// `accepted` (dropped) where the mount has none.
+    pub rejected_requeues: bool,
 }
 
 impl Policy {
+    /// What gives a delivery up to the broker's dead-letter policy:
+    /// `rejected`, or where the broker would only put it back, the mount's
+    /// dead-letter address or nothing.
+    fn give_up(&self) -> Plan {
+        match (self.rejected_requeues, self.dead_letter) {
+            (false, _) => Plan::Settle(Disposition::Rejected),
+            (true, true) => Plan::PublishThenSettle {
+                publish: Publish::DeadLetter,
+                then: Disposition::Accepted,
+                otherwise: self.keep(),
+            },
+            (true, false) => Plan::Settle(Disposition::Accepted),
+        }
+    }
+
     /// What hands a delivery back to the broker when what the host owed
     /// before settling it could not be published.
     pub fn keep(&self) -> Disposition {
@@ -353,7 +373,7 @@ pub fn plan(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan {
 fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan {
     let delay = match outcome {
         Outcome::Ack => return Plan::Settle(Disposition::Accepted),
-        Outcome::Drop => return Plan::Settle(Disposition::Rejected),
+        Outcome::Drop => return policy.give_up(),
         Outcome::Retry => None,
         Outcome::RetryAfter(delay) => Some(delay),
     };
@@ -367,7 +387,7 @@ fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan
         return if policy.dead_letter {
             publish_then(Publish::DeadLetter, Disposition::Accepted)
         } else {
-            Plan::Settle(Disposition::Rejected)
+            policy.give_up()
         };
     }
     match delay {

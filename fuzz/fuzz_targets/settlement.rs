@@ -29,6 +29,7 @@ fn input(u: &mut Unstructured<'_>) -> arbitrary::Result<(Policy, Counters, Outco
         modified_supported: bool::arbitrary(u)?,
         delay: pick(u, &[DelayPath::Scheduled, DelayPath::Held])?,
         retry_after_original: pick(u, &[Disposition::Rejected, Disposition::Accepted])?,
+        rejected_requeues: bool::arbitrary(u)?,
     };
     let counters = Counters {
         delivery_count: Option::<u32>::arbitrary(u)?,

@@ -26,25 +26,25 @@ use crate::{
 
 /// What a fault test counted.
 #[derive(Debug, Default)]
-struct Tally {
+pub(crate) struct Tally {
     sent: usize,
     /// Deliveries handled, by message id.
     handled: BTreeMap<String, usize>,
 }
 
 impl Tally {
-    fn new(sent: usize) -> Tally {
+    pub(crate) fn new(sent: usize) -> Tally {
         Tally {
             sent,
             ..Tally::default()
         }
     }
 
-    fn handled(&mut self, id: &str) {
+    pub(crate) fn handled(&mut self, id: &str) {
         *self.handled.entry(id.to_owned()).or_default() += 1;
     }
 
-    fn unique(&self) -> usize {
+    pub(crate) fn unique(&self) -> usize {
         self.handled.len()
     }
 
@@ -57,7 +57,7 @@ impl Tally {
     }
 
     /// Prints the counts and checks nothing was lost.
-    fn report(&self, test: &str) {
+    pub(crate) fn report(&self, test: &str) {
         println!(
             "{test}: sent {}, handled {}, duplicated {}, lost {}",
             self.sent,
@@ -79,7 +79,7 @@ impl Tally {
 /// an event; such a message was handled, not lost. The handlers these tests
 /// run ack every delivery, and the tests check the queue is empty in the
 /// end, so a message counted here was handled and nothing was left.
-struct Counter {
+pub(crate) struct Counter {
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -92,7 +92,7 @@ struct Seen {
 }
 
 impl Counter {
-    fn start(host: &TestHost) -> Counter {
+    pub(crate) fn start(host: &TestHost) -> Counter {
         let mut events = host.host().subscribe();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let counts = seen.clone();
@@ -130,7 +130,7 @@ impl Counter {
     }
 
     /// Waits until `n` distinct messages reached a handler.
-    async fn wait_for(&self, n: usize) -> anyhow::Result<()> {
+    pub(crate) async fn wait_for(&self, n: usize) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while self.count()? < n {
             anyhow::ensure!(
@@ -143,19 +143,19 @@ impl Counter {
         Ok(())
     }
 
-    fn tally(self, sent: usize) -> Tally {
+    pub(crate) fn tally(self, sent: usize) -> Tally {
         let handled = self.seen.lock().expect("counter").handled.clone();
         Tally { sent, handled }
     }
 }
 
-fn ids(prefix: &str, n: usize) -> Vec<String> {
+pub(crate) fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}.{i}")).collect()
 }
 
 /// Publishes with the second client library (rhea): messages fe2o3 cannot
 /// build.
-async fn rhea_publish(
+pub(crate) async fn rhea_publish(
     url: &str,
     address: &str,
     kind: &str,
@@ -270,12 +270,13 @@ async fn odd_messages_from_another_client_are_handled_and_the_unreadable_rejecte
 }
 
 /// A host on Artemis through `proxy`, with short reconnect waits.
-async fn host_behind(
+pub(crate) async fn host_behind(
     proxy: &Proxy,
+    url: &str,
     mounts: &[MountToml],
     broker_extra: &str,
 ) -> anyhow::Result<TestHost> {
-    let mut text = config_text(&proxy.url(&artemis_url()), mounts);
+    let mut text = config_text(&proxy.url(url), mounts);
     text = text.replacen(
         "[host]",
         &format!("reconnect_initial = \"50ms\"\nreconnect_max = \"1s\"\n{broker_extra}\n[host]"),
@@ -292,7 +293,7 @@ async fn a_reset_connection_is_attached_again_and_nothing_is_lost() -> anyhow::R
     let mount = MountToml::new("m", "fixture_script", &q)
         .with("[tenant.mount.grants]")
         .with("clocks = true");
-    let host = host_behind(&proxy, &[mount], "").await?;
+    let host = host_behind(&proxy, &artemis_url(), &[mount], "").await?;
     let counter = Counter::start(&host);
     let mut client = Client::connect(&artemis_url()).await?;
     let all = ids(&q, 2000);
@@ -430,7 +431,7 @@ async fn a_broker_restart_mid_stream_loses_nothing() -> anyhow::Result<()> {
 
 /// Kills a host while 200 `retry-after` copies are pending, then takes every
 /// message off the queue with a plain consumer.
-async fn killed_with_pending_copies(
+pub(crate) async fn killed_with_pending_copies(
     url: &str,
     address: &str,
     extra: &[&str],

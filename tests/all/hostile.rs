@@ -83,7 +83,7 @@ fn dead_letter_reason(payload: &[u8]) -> Option<String> {
 /// Messages nested past the limits, as body (`body_depths`) and as an
 /// application property (`property_depths`), then an ordinary one, to a
 /// mount with a dead-letter address on the broker at `url`.
-async fn nested_messages(
+pub(crate) async fn nested_messages(
     url: &str,
     body_depths: &[usize],
     property_depths: &[usize],
@@ -278,7 +278,7 @@ fn two_tenants(url: &str, rpc: &str, b_queue: &str, b_orders: &str) -> anyhow::R
     )?)
 }
 
-async fn replies_are_confined(url: &str, system: &[&str]) -> anyhow::Result<()> {
+pub(crate) async fn replies_are_confined(url: &str, system: &[&str]) -> anyhow::Result<()> {
     let rpc = unique("rpc");
     let b_queue = unique("b.work");
     let b_orders = unique("b.orders");

@@ -3,6 +3,7 @@
 //! The shared helpers live in the `wharf_tests` library (`tests/src`).
 
 mod artemis;
+mod brokers;
 mod container;
 mod errors;
 mod faults;

@@ -323,17 +323,17 @@ async fn a_component_built_against_0_1_0_still_runs() -> anyhow::Result<()> {
 }
 
 /// What the outputs of inputs a killed host worked on were.
-struct Published {
+pub(crate) struct Published {
     /// Outputs per input id.
-    outputs: BTreeMap<String, usize>,
+    pub(crate) outputs: BTreeMap<String, usize>,
     /// How many carried Artemis's duplicate-detection property.
-    with_duplicate_ids: usize,
+    pub(crate) with_duplicate_ids: usize,
 }
 
 /// Kills `wharf run` three times while it works through `n` inputs that
 /// each publish one output (with `extra` lines in the mount), lets a last
 /// host finish, then reads every output.
-async fn killed_while_publishing(
+pub(crate) async fn killed_while_publishing(
     url: &str,
     input: &str,
     output: &str,

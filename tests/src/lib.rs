@@ -66,6 +66,17 @@ pub fn rabbitmq4_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5674".into())
 }
 
+/// The ActiveMQ Classic broker the tests use (`scripts/activemq`).
+pub fn activemq_url() -> String {
+    std::env::var("WHARF_ACTIVEMQ_URL")
+        .unwrap_or_else(|_| "amqp://admin:admin@127.0.0.1:5675".into())
+}
+
+/// The Qpid Broker-J the tests use (`scripts/qpid`).
+pub fn qpid_url() -> String {
+    std::env::var("WHARF_QPID_URL").unwrap_or_else(|_| "amqp://admin:admin@127.0.0.1:5676".into())
+}
+
 /// The repository's root folder.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -524,8 +524,8 @@ pub struct Mount {
     /// decides from what the broker offers.
     pub outputs: Option<OutputsChoice>,
     /// How the original of a `retry-after` is settled once its copy is
-    /// accepted.
-    pub retry_after_original: RetryAfterOriginal,
+    /// accepted; `None` decides from the broker.
+    pub retry_after_original: Option<RetryAfterOriginal>,
 }
 
 /// How a mount's `retry` asks for another attempt, when the config says.
@@ -562,12 +562,11 @@ pub enum OutputsChoice {
 
 /// How the original of a `retry-after` is settled once its copy is
 /// accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RetryAfterOriginal {
     /// `rejected`, as the contract says (on a broker whose dead-letter
     /// policy catches `rejected`, the original also lands in its DLQ).
-    #[default]
     Rejected,
     /// `accepted`: the copy carries the message on; nothing reaches a DLQ.
     Accepted,
@@ -766,8 +765,7 @@ struct RawMount {
     retry: Option<RetryChoice>,
     delay: Option<DelayChoice>,
     outputs: Option<OutputsChoice>,
-    #[serde(default)]
-    retry_after_original: RetryAfterOriginal,
+    retry_after_original: Option<RetryAfterOriginal>,
     max_outputs: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     max_output_bytes: Option<Spanned<u64>>,

@@ -365,7 +365,10 @@ fn mounts_choose_their_message_size_retry_delay_and_outputs_paths() {
     assert_eq!(mount.max_message_size, 1 << 20);
     assert_eq!(mount.retry, Some(RetryChoice::Copy));
     assert_eq!(mount.delay, Some(DelayChoice::Held));
-    assert_eq!(mount.retry_after_original, RetryAfterOriginal::Accepted);
+    assert_eq!(
+        mount.retry_after_original,
+        Some(RetryAfterOriginal::Accepted)
+    );
     assert_eq!(mount.outputs, Some(OutputsChoice::Confirm));
     let defaults = parse(GOOD).expect("valid config");
     let (_, mount) = defaults.mounts().next().expect("one mount");
@@ -374,7 +377,7 @@ fn mounts_choose_their_message_size_retry_delay_and_outputs_paths() {
         (mount.retry, mount.delay, mount.outputs),
         (None, None, None)
     );
-    assert_eq!(mount.retry_after_original, RetryAfterOriginal::Rejected);
+    assert_eq!(mount.retry_after_original, None);
     let e = error(&format!("{GOOD}delay = \"later\"\n"));
     assert!(e.contains("delay"), "{e}");
     let e = error(&format!("{GOOD}outputs = \"twice\"\n"));

@@ -71,28 +71,33 @@ impl AddressOwners {
     }
 }
 
-/// Whether `patterns` name `address`, or the address or queue of an
-/// Artemis fully qualified `address::queue`.
+/// Whether `patterns` name `address`, the node behind its broker prefix,
+/// or the address or queue of an Artemis fully qualified `address::queue`.
 fn names(patterns: &[AddressPattern], address: &str) -> bool {
     let parts = address.split_once("::");
+    let node = node_name(address);
     patterns.iter().any(|p| {
-        p.matches(address) || parts.is_some_and(|(addr, queue)| p.matches(addr) || p.matches(queue))
+        p.matches(address)
+            || p.matches(node)
+            || parts.is_some_and(|(addr, queue)| p.matches(addr) || p.matches(queue))
     })
 }
 
 /// Why `address` is one of a broker's own, which no handler may write to:
 /// management and system addresses, RabbitMQ's `amq.` names (its direct
 /// reply-to excepted, which exists for replies), Artemis's shared
-/// dead-letter and expiry queues. RabbitMQ's address prefixes (`/queue/`,
-/// `/queues/`, `/exchange/`, `/exchanges/`, `/topic/`, `/amq/queue/`) and
-/// Artemis's `address::queue` are seen through.
+/// dead-letter and expiry queues, ActiveMQ Classic's `ActiveMQ.` names
+/// (advisories, its DLQ). RabbitMQ's address prefixes (`/queue/`,
+/// `/queues/`, `/exchange/`, `/exchanges/`, `/topic/`, `/amq/queue/`),
+/// ActiveMQ Classic's (`queue://`, `topic://`, `temp-queue://`,
+/// `temp-topic://`) and Artemis's `address::queue` are seen through.
 pub fn system_address(address: &str) -> Option<&'static str> {
     let names = [address]
         .into_iter()
         .chain(address.split_once("::").map(|(a, _)| a))
         .chain(address.split_once("::").map(|(_, q)| q));
     for raw in names {
-        let name = rabbitmq_name(raw).to_ascii_lowercase();
+        let name = node_name(raw).to_ascii_lowercase();
         if name.starts_with("amq.rabbitmq.reply-to") {
             continue;
         }
@@ -114,8 +119,9 @@ pub fn system_address(address: &str) -> Option<&'static str> {
     None
 }
 
-/// The queue or exchange a RabbitMQ address names.
-fn rabbitmq_name(address: &str) -> &str {
+/// The queue, topic or exchange an address names behind a RabbitMQ or
+/// ActiveMQ Classic prefix.
+fn node_name(address: &str) -> &str {
     for prefix in [
         "/amq/queue/",
         "/queues/",
@@ -123,6 +129,10 @@ fn rabbitmq_name(address: &str) -> &str {
         "/exchanges/",
         "/exchange/",
         "/topic/",
+        "queue://",
+        "topic://",
+        "temp-queue://",
+        "temp-topic://",
     ] {
         if let Some(rest) = address.strip_prefix(prefix) {
             return rest;
@@ -163,6 +173,8 @@ mod tests {
             "globex.orders",
             "globex.orders.dlq",
             "globex.orders::globex.orders",
+            "queue://globex.orders",
+            "/queues/globex.orders",
         ] {
             let why = owners.refuse_reply("acme", &any, address);
             assert!(
@@ -197,6 +209,9 @@ mod tests {
             "/queues/amq.gen-1",
             "DLQ",
             "q::DLQ",
+            "ActiveMQ.DLQ",
+            "topic://ActiveMQ.Advisory.Connection",
+            "queue://$management",
         ] {
             assert!(
                 owners.refuse_reply("acme", &all, address).is_some(),

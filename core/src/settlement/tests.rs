@@ -17,6 +17,7 @@ fn policy(settle: Settle, max_attempts: Option<u32>, dead_letter: bool) -> Polic
         modified_supported: true,
         delay: DelayPath::Scheduled,
         retry_after_original: Disposition::Rejected,
+        rejected_requeues: false,
     }
 }
 
@@ -323,29 +324,33 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(settle, max_attempts, dead_letter, counted, modified, held, accept)| Policy {
-                settle,
-                max_attempts,
-                dead_letter,
-                // Without `modified` there is only the copy path.
-                retry: if counted && modified {
-                    RetryPath::Modified
-                } else {
-                    RetryPath::Copy
-                },
-                modified_supported: modified,
-                delay: if held {
-                    DelayPath::Held
-                } else {
-                    DelayPath::Scheduled
-                },
-                retry_after_original: if accept {
-                    Disposition::Accepted
-                } else {
-                    Disposition::Rejected
-                },
+            |(settle, max_attempts, dead_letter, counted, modified, held, accept, requeues)| {
+                Policy {
+                    settle,
+                    max_attempts,
+                    dead_letter,
+                    // Without `modified` there is only the copy path.
+                    retry: if counted && modified {
+                        RetryPath::Modified
+                    } else {
+                        RetryPath::Copy
+                    },
+                    modified_supported: modified,
+                    delay: if held {
+                        DelayPath::Held
+                    } else {
+                        DelayPath::Scheduled
+                    },
+                    retry_after_original: if accept {
+                        Disposition::Accepted
+                    } else {
+                        Disposition::Rejected
+                    },
+                    rejected_requeues: requeues,
+                }
             },
         )
 }
@@ -437,13 +442,50 @@ proptest! {
     }
 
     #[test]
-    fn ack_and_drop_never_publish(
+    fn ack_never_publishes_and_drop_only_a_dead_letter_the_broker_would_put_back(
         policy in any_policy(), counters in any_counters()
     ) {
-        for outcome in [Outcome::Ack, Outcome::Drop] {
-            prop_assert_eq!(plan(&policy, &counters, outcome).publish(), None);
-        }
+        prop_assert_eq!(plan(&policy, &counters, Outcome::Ack).publish(), None);
+        let host_dead_letters =
+            policy.settle == ALO && policy.rejected_requeues && policy.dead_letter;
+        prop_assert_eq!(
+            plan(&policy, &counters, Outcome::Drop).publish(),
+            host_dead_letters.then_some(Publish::DeadLetter)
+        );
     }
+
+    #[test]
+    fn a_broker_that_puts_rejected_back_is_never_sent_it(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        let policy = Policy {
+            rejected_requeues: true,
+            retry_after_original: Disposition::Accepted,
+            ..policy
+        };
+        let sent = dispositions(&plan(&policy, &counters, outcome));
+        prop_assert!(!sent.contains(&Disposition::Rejected), "{:?}", sent);
+    }
+}
+
+#[test]
+fn where_the_broker_puts_rejected_back_the_host_gives_up_a_delivery_itself() {
+    let requeues = |max_attempts, dead_letter| Policy {
+        rejected_requeues: true,
+        ..policy(ALO, max_attempts, dead_letter)
+    };
+    assert_eq!(
+        plan(&requeues(None, true), &header(0), Outcome::Drop),
+        dead_letter_then_accept()
+    );
+    assert_eq!(
+        plan(&requeues(None, false), &header(0), Outcome::Drop),
+        settles(Disposition::Accepted)
+    );
+    assert_eq!(
+        plan(&requeues(Some(2), false), &header(1), Outcome::Retry),
+        settles(Disposition::Accepted)
+    );
 }
 
 #[test]

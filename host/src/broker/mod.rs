@@ -16,7 +16,7 @@ mod transaction;
 
 use std::time::Duration;
 
-pub use connection::{BrokerConnection, BrokerOffers, ConnectOptions};
+pub use connection::{BrokerConnection, BrokerKind, BrokerOffers, ConnectOptions};
 pub(crate) use error::RABBITMQ_HAS_NO_TOPICS;
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
 pub use output_message::output_message;

@@ -266,20 +266,26 @@ impl Subscription {
         self.receiver.disposer()
     }
 
-    /// Rejects a delivery that is not a readable AMQP message, saying why.
+    /// Rejects a delivery that is not a readable AMQP message, saying why;
+    /// accepts it (dropped) where `rejected_requeues`: the broker would put
+    /// it back.
     pub async fn reject_undecodable(
         &self,
         info: DeliveryInfo,
         reason: &str,
+        rejected_requeues: bool,
     ) -> Result<(), BrokerError> {
         let error = definitions::Error::new(AmqpError::DecodeError, Some(reason.to_owned()), None);
-        self.receiver
-            .reject(info, error)
-            .await
-            .map_err(|source| BrokerError::Settle {
-                address: self.address.clone(),
-                source,
-            })
+        // A broker that would put it back gets nothing to hand out again.
+        let settled = if rejected_requeues {
+            self.receiver.accept(info).await
+        } else {
+            self.receiver.reject(info, error).await
+        };
+        settled.map_err(|source| BrokerError::Settle {
+            address: self.address.clone(),
+            source,
+        })
     }
 
     /// Detaches the link (the broker requeues whatever is still

@@ -7,8 +7,9 @@ use std::sync::atomic::AtomicBool;
 use super::MountSpec;
 use crate::broker::management::{QueueInfo, QueueKind};
 use crate::broker::{
-    AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn, PooledSession,
-    Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription, TransactionsOn,
+    AttachFailure, BrokerError, BrokerKind, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn,
+    PooledSession, Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription,
+    TransactionsOn,
 };
 use crate::config::{
     DelayChoice, Node, OutputsChoice, RetryAfterOriginal, RetryChoice, RetryCopiesTo, Settle,
@@ -229,7 +230,8 @@ impl Links {
             offered,
         } = self;
         let mount = &spec.config;
-        let policy = policy(&spec, modified_supported, offered, queue.as_ref());
+        let kind = session.offers.kind();
+        let policy = policy(&spec, kind, modified_supported, offered, queue.as_ref());
         tracing::info!(
             tenant = &*spec.tags.tenant,
             mount = &*spec.tags.mount,
@@ -244,7 +246,8 @@ impl Links {
             credit = spec.credit(),
             retry_path = policy.retry.as_str(),
             delay_path = policy.delay.as_str(),
-            outputs = outputs_path(&spec, &publisher, session.offers.is_artemis()),
+            retry_after_original = policy.retry_after_original.as_str(),
+            outputs = outputs_path(&spec, &publisher, kind),
             "mount attached"
         );
         warn_of_delivery_limit(&spec, queue.as_ref());
@@ -260,17 +263,11 @@ impl Links {
         let context = MountContext {
             spec,
             policy,
-            duplicate_ids: session.offers.is_artemis() && publisher.transactions().is_none(),
+            duplicate_ids: kind.drops_duplicate_ids() && publisher.transactions().is_none(),
             publisher,
             unsupported_warned: AtomicBool::new(false),
             peer: Peer {
-                system: if session.offers.is_artemis() {
-                    "activemq"
-                } else if session.offers.is_rabbitmq() {
-                    "rabbitmq"
-                } else {
-                    "amqp"
-                },
+                system: kind.messaging_system(),
                 address: session.endpoint.host.clone(),
                 port: session.endpoint.port,
             },
@@ -307,18 +304,18 @@ fn commits_in_transactions(spec: &MountSpec, session: &PooledSession) -> bool {
         && match spec.config.outputs {
             Some(OutputsChoice::Transaction) => true,
             Some(OutputsChoice::Confirm) => false,
-            None => session.offers.is_artemis(),
+            None => session.offers.kind().transactions_by_default(),
         }
 }
 
 /// How the mount's outputs are committed, for the attach log.
-fn outputs_path(spec: &MountSpec, publisher: &Publisher, artemis: bool) -> &'static str {
+fn outputs_path(spec: &MountSpec, publisher: &Publisher, kind: BrokerKind) -> &'static str {
     let grants = &spec.config.grants;
     if grants.send.is_empty() && !grants.reply.granted() {
         "none granted"
     } else if publisher.transactions().is_some() {
         "in one transaction with the ack: all or nothing"
-    } else if artemis {
+    } else if kind.drops_duplicate_ids() {
         "confirmed before the ack, duplicates dropped by _AMQ_DUPL_ID"
     } else {
         "confirmed before the ack, at least once"
@@ -330,14 +327,17 @@ fn outputs_path(spec: &MountSpec, publisher: &Publisher, artemis: bool) -> &'sta
 /// what it is; the mount's config overrides.
 fn policy(
     spec: &MountSpec,
+    kind: BrokerKind,
     modified_supported: bool,
     offered: Offered,
     queue: Option<&QueueInfo>,
 ) -> Policy {
     let mount = &spec.config;
     // Only a queue that counts redeliveries can carry attempts in
-    // `modified`; classic queues and streams cannot.
-    let counts = queue.is_none_or(|q| matches!(q.kind, QueueKind::Quorum { .. }));
+    // `modified`; classic queues and streams cannot. A broker that loses
+    // parts of a message redelivering it gets copies.
+    let counts = queue.is_none_or(|q| matches!(q.kind, QueueKind::Quorum { .. }))
+        && !kind.reencodes_redeliveries();
     let retry = match (mount.retry, modified_supported) {
         (_, false) => RetryPath::Copy,
         (Some(RetryChoice::Copy), true) => RetryPath::Copy,
@@ -345,6 +345,13 @@ fn policy(
         (None, true) if counts => RetryPath::Modified,
         (None, true) => RetryPath::Copy,
     };
+    if kind.requeues_rejected() && mount.dead_letter.is_none() {
+        tracing::warn!(
+            tenant = &*spec.tags.tenant,
+            mount = &*spec.tags.mount,
+            "the broker puts `rejected` deliveries back on the queue: without a `dead_letter` address, dropped and exhausted messages are accepted and gone"
+        );
+    }
     if mount.retry == Some(RetryChoice::Modified) && !modified_supported {
         tracing::warn!(
             tenant = &*spec.tags.tenant,
@@ -374,10 +381,15 @@ fn policy(
         retry,
         modified_supported,
         delay,
+        // Where `rejected` may put the original back beside its copy, it
+        // is accepted: the copy carries the message on.
         retry_after_original: match mount.retry_after_original {
-            RetryAfterOriginal::Rejected => Disposition::Rejected,
-            RetryAfterOriginal::Accepted => Disposition::Accepted,
+            Some(RetryAfterOriginal::Rejected) => Disposition::Rejected,
+            Some(RetryAfterOriginal::Accepted) => Disposition::Accepted,
+            None if kind.requeues_rejected() => Disposition::Accepted,
+            None => Disposition::Rejected,
         },
+        rejected_requeues: kind.requeues_rejected(),
     }
 }
 

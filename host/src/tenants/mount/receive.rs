@@ -125,7 +125,7 @@ impl AttachedMount {
                                     ));
                                 }
                                 _ => {
-                                    let result = subscription.reject_undecodable(info, &reason).await;
+                                    let result = subscription.reject_undecodable(info, &reason, context.policy().rejected_requeues).await;
                                     refused(&context, reason, result.err().map(|e| e.to_string()));
                                 }
                             }
