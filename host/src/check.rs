@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use wharf::Host;
-use wharf::broker::{ConnectOptions, Endpoint, ProbeTarget};
+use wharf::broker::{BrokerKind, BrokerOffers, ConnectOptions, Endpoint, LinkOffers, ProbeTarget};
 use wharf::config::{
     Broker, Config, DelayChoice, Mount, OutputsChoice, RetryChoice, Settle, Tenant,
 };
 use wharf::grants::ReplyGrant;
+use wharf::settlement::{DelayPath, RetryPath};
 
 /// Loads the config and every module; prints a line per mount (the long
 /// explanation with `verbose`); with `connect`, tries every broker and
@@ -108,7 +109,7 @@ fn explain(tenant: &Tenant, mount: &Mount) -> String {
         Some(RetryChoice::Modified) => "`modified`",
         Some(RetryChoice::Copy) => "copies",
         None => {
-            "`modified` where the broker takes it and counts redeliveries, else copies (seen at attach)"
+            "`modified` where the broker takes it, counts redeliveries and redelivers a message intact, else copies (seen at attach)"
         }
     };
     let delay = match mount.delay {
@@ -140,7 +141,7 @@ fn explain(tenant: &Tenant, mount: &Mount) -> String {
                 "published and confirmed before the ack is accepted (at least once; duplicates dropped by id on Artemis)"
             }
             (None, _) => {
-                "in one transaction with the ack where the broker is Artemis, else confirmed before the ack is accepted (at least once; seen at attach)"
+                "in one transaction with the ack where the broker is Artemis, ActiveMQ Classic or Qpid Broker-J, else confirmed before the ack is accepted (at least once; seen at attach)"
             }
         };
         format!("; outputs to {}: {how}", to.join(", "))
@@ -163,6 +164,42 @@ fn explain(tenant: &Tenant, mount: &Mount) -> String {
         "{}/{}: {} on `{}`{topic}; retry: {retry}; retry-after: {delay}{outputs}{http}",
         tenant.name, mount.name, mount.settle, mount.address
     )
+}
+
+/// How a mount's retries, delays and outputs would be carried out on a
+/// broker that offered `links`, as its attach would choose, with the
+/// reason where the broker's kind decides.
+fn chosen(mount: &Mount, offers: &BrokerOffers, links: LinkOffers) -> String {
+    let kind = offers.kind();
+    let policy = wharf::broker::policy_for(mount, kind, links, None);
+    let retry = match policy.retry {
+        _ if mount.retry.is_none() && kind == BrokerKind::RabbitMq && links.modified_supported => {
+            "`modified` on a quorum queue, else copies (its kind is asked at attach)"
+        }
+        RetryPath::Modified => "`modified`",
+        RetryPath::Copy if !links.modified_supported => "copies (no `modified` offered)",
+        RetryPath::Copy if mount.retry.is_none() && kind.reencodes_redeliveries() => {
+            "copies (the broker re-encodes what it redelivers)"
+        }
+        RetryPath::Copy => "copies",
+    };
+    let delay = match (policy.delay, links.delayed_delivery) {
+        (DelayPath::Scheduled, true) => "scheduled on the broker",
+        (DelayPath::Scheduled, false) => "scheduled, though the broker offers no DELAYED_DELIVERY",
+        (DelayPath::Held, _) => "held by the host",
+    };
+    let original = policy.retry_after_original.as_str();
+    let gives_up = if policy.rejected_requeues {
+        "; the broker puts `rejected` back, so the host gives messages up"
+    } else {
+        ""
+    };
+    let outputs = if wharf::broker::outputs_in_transactions(mount, kind) {
+        "; outputs in transactions"
+    } else {
+        ""
+    };
+    format!("retry {retry}; retry-after {delay}, original {original}{gives_up}{outputs}")
 }
 
 /// How long `--connect` waits for each broker and attach.
@@ -203,7 +240,10 @@ async fn connect_all(config: &Config) -> anyhow::Result<()> {
                 let ok = format!("ok ({product} {version})").replace(" )", ")");
                 results
                     .into_iter()
-                    .map(|r| r.map(|()| ok.clone()))
+                    .zip(&mounts)
+                    .map(|(r, (_, mount))| {
+                        r.map(|links| format!("{ok}: {}", chosen(mount, &offers, links)))
+                    })
                     .collect()
             }
             Err(e) => {

@@ -18,7 +18,7 @@ use crate::hostile::{nested_messages, replies_are_confined};
 use crate::outbox::killed_while_publishing;
 use crate::poison::{poison_on, take};
 use crate::proxy::Proxy;
-use crate::{MountToml, TestHost, activemq_url, qpid_url, unique};
+use crate::{MountToml, TestHost, activemq_url, config_text, qpid_url, unique};
 
 /// A broker under test and what wharf must choose on it.
 struct Broker {
@@ -32,6 +32,8 @@ struct Broker {
     /// How a dropped delivery, or one at its limit without a dead-letter
     /// address, is settled.
     gives_up: Disposition,
+    /// What `wharf check --connect` says of a mount with outputs there.
+    check_says: &'static [&'static str],
     /// Addresses of the broker's own a reply must never reach.
     system: &'static [&'static str],
     /// How deep the nested bodies and application properties a publisher
@@ -48,6 +50,12 @@ fn activemq() -> Broker {
         retry: RetryPath::Copy,
         retry_after_original: Disposition::Rejected,
         gives_up: Disposition::Rejected,
+        check_says: &[
+            "ok (ActiveMQ 6.3.1)",
+            "retry copies (the broker re-encodes what it redelivers)",
+            "retry-after scheduled on the broker, original rejected",
+            "outputs in transactions",
+        ],
         system: &["ActiveMQ.DLQ", "topic://ActiveMQ.Advisory.Connection"],
         nested: (&[5_000, 100_000], &[5_000]),
     }
@@ -62,6 +70,13 @@ fn qpid() -> Broker {
         retry: RetryPath::Copy,
         retry_after_original: Disposition::Accepted,
         gives_up: Disposition::Accepted,
+        check_says: &[
+            "ok (Apache Qpid Broker-J Core 9.2.0)",
+            "retry copies (no `modified` offered)",
+            "retry-after scheduled on the broker, original accepted",
+            "the broker puts `rejected` back",
+            "outputs in transactions",
+        ],
         system: &["$management", "DLQ"],
         // Broker-J decodes every message it takes, recursively: one nested
         // 5,000 deep overflows its stack and shuts the broker down. It
@@ -70,10 +85,16 @@ fn qpid() -> Broker {
     }
 }
 
-/// The retry and delay paths the mount attached with.
-async fn paths(host: &mut TestHost) -> anyhow::Result<(RetryPath, DelayPath)> {
+/// The retry and delay paths the mount attached with, and whether its
+/// outputs commit in transactions.
+async fn paths(host: &mut TestHost) -> anyhow::Result<(RetryPath, DelayPath, bool)> {
     host.next(|e| match e {
-        Event::MountReady { retry, delay, .. } => Some((*retry, *delay)),
+        Event::MountReady {
+            retry,
+            delay,
+            transactions,
+            ..
+        } => Some((*retry, *delay, *transactions)),
         _ => None,
     })
     .await
@@ -95,11 +116,15 @@ async fn assert_drained(host: TestHost, client: &mut Client, queue: &str) -> any
 /// dead-letter address, on one mount with two attempts.
 async fn vectors(broker: &Broker) -> anyhow::Result<()> {
     let q = unique("contract");
-    let mount = MountToml::new("m", "fixture_script", &q).with("max_attempts = 2");
+    // Granted outputs it never sends: they would commit in transactions.
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("max_attempts = 2")
+        .with("[tenant.mount.grants]")
+        .with(&format!("send = [\"{q}.out\"]"));
     let mut host = TestHost::start(&broker.url, &[mount]).await?;
     assert_eq!(
         paths(&mut host).await?,
-        (broker.retry, DelayPath::Scheduled)
+        (broker.retry, DelayPath::Scheduled, true)
     );
     let mut client = Client::connect(&broker.url).await?;
     let cases = [
@@ -275,6 +300,29 @@ async fn killed_publishing(broker: &Broker, extra: &[&str], path: &str) -> anyho
     Ok(())
 }
 
+/// `wharf check --connect` says what the mount will do on the broker and
+/// why, as its attach then does.
+async fn check_says(broker: &Broker, says: &[&str]) -> anyhow::Result<()> {
+    let q = unique("check");
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("[tenant.mount.grants]")
+        .with(&format!("send = [\"{q}.out\"]"));
+    let config = std::env::temp_dir().join(format!("{q}.toml"));
+    std::fs::write(&config, config_text(&broker.url, &[mount]))?;
+    let checked = tokio::process::Command::new(crate::process::wharf_binary())
+        .args(["check", "--connect", "--config"])
+        .arg(&config)
+        .output()
+        .await?;
+    let _ = std::fs::remove_file(&config);
+    let stdout = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{stdout}");
+    for said in says {
+        assert!(stdout.contains(said), "`{said}` not in:\n{stdout}");
+    }
+    Ok(())
+}
+
 /// Generates each test of the contract for one broker, in a module of
 /// its own.
 macro_rules! contract_on {
@@ -285,6 +333,13 @@ macro_rules! contract_on {
             #[tokio::test]
             async fn the_settlement_vectors_hold() -> anyhow::Result<()> {
                 vectors(&$broker).await
+            }
+
+            #[tokio::test]
+            async fn wharf_check_says_how_each_outcome_is_carried_out() -> anyhow::Result<()> {
+                let broker = $broker;
+                let says = broker.check_says;
+                check_says(&broker, says).await
             }
 
             #[tokio::test]

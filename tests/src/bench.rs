@@ -45,8 +45,8 @@ pub struct Broker {
     pub queue: fn(&str) -> String,
 }
 
-/// Artemis and RabbitMQ 4, or the one whose name contains the first
-/// argument that is not a flag.
+/// Artemis, RabbitMQ 4, ActiveMQ Classic and Qpid Broker-J, or the one
+/// whose name contains the first argument that is not a flag.
 pub fn brokers() -> Vec<Broker> {
     let only = std::env::args()
         .skip(1)
@@ -62,6 +62,16 @@ pub fn brokers() -> Vec<Broker> {
             name: "RabbitMQ 4.0",
             url: crate::rabbitmq4_url(),
             queue: |name| format!("/queue/{name}"),
+        },
+        Broker {
+            name: "ActiveMQ Classic 6.3",
+            url: crate::activemq_url(),
+            queue: |name| name.to_owned(),
+        },
+        Broker {
+            name: "Qpid Broker-J 9.2",
+            url: crate::qpid_url(),
+            queue: |name| name.to_owned(),
         },
     ];
     all.into_iter()

@@ -1,6 +1,7 @@
 //! The AMQP side: connections, receiver links, publishing. Knows nothing of
 //! wasm or of the settlement rules; it carries out what it is told.
 
+mod capabilities;
 mod connection;
 mod error;
 pub mod management;
@@ -16,7 +17,8 @@ mod transaction;
 
 use std::time::Duration;
 
-pub use connection::{BrokerConnection, BrokerKind, BrokerOffers, ConnectOptions};
+pub use capabilities::{BrokerKind, LinkOffers, outputs_in_transactions, policy_for};
+pub use connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 pub(crate) use error::RABBITMQ_HAS_NO_TOPICS;
 pub use error::{AttachFailure, BrokerError, ConnectFailure, PublishFailure, Timed};
 pub use output_message::output_message;

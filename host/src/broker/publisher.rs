@@ -65,6 +65,13 @@ pub struct Offered {
     pub delayed_delivery: bool,
 }
 
+/// Whether the broker offered to schedule messages on `sender`'s link.
+pub(super) fn offers_delayed_delivery(sender: &Sender) -> bool {
+    sender
+        .remote_offered_capabilities()
+        .is_some_and(|offered| offered.iter().any(|c| c.0 == DELAYED_DELIVERY))
+}
+
 impl PublisherTask {
     /// Resolves when a sender link failed: the mount's links must come down
     /// and be attached again. Cancel-safe.
@@ -115,9 +122,7 @@ impl Publisher {
             }
             let sender = attach_sender(session, link_prefix, *target).await?;
             if index == 0 {
-                delayed_delivery = sender
-                    .remote_offered_capabilities()
-                    .is_some_and(|offered| offered.iter().any(|c| c.0 == DELAYED_DELIVERY));
+                delayed_delivery = offers_delayed_delivery(&sender);
             }
             senders.insert(target.address.to_owned(), sender);
         }

@@ -364,17 +364,18 @@ pub struct ProbeTarget<'a> {
     pub topic: bool,
 }
 
-/// Connects as a host would, then attaches a receiver without credit to
-/// each target and detaches it again: nothing is consumed, and a topic
-/// gets a volatile subscription, not the mount's durable one. The
-/// connection's error when it cannot open, else what the broker offered
-/// and each attach's result (the error in words), in order.
+/// Connects as a host would, then attaches a receiver without credit and a
+/// sender to each target and detaches them again: nothing is consumed or
+/// sent, and a topic gets a volatile subscription, not the mount's durable
+/// one. The connection's error when it cannot open, else what the broker
+/// offered and each attach's result (what its links offered, or the error
+/// in words), in order.
 pub async fn probe(
     endpoint: &super::Endpoint,
     connect: &super::ConnectOptions,
     targets: &[ProbeTarget<'_>],
     timeout: std::time::Duration,
-) -> Result<(super::BrokerOffers, Vec<Result<(), String>>), BrokerError> {
+) -> Result<(super::BrokerOffers, Vec<Result<super::LinkOffers, String>>), BrokerError> {
     let mut connection = super::BrokerConnection::open(endpoint, connect).await?;
     let offers = connection.offers().clone();
     let mut results = Vec::with_capacity(targets.len());
@@ -417,8 +418,26 @@ pub async fn probe(
         };
         match tokio::time::timeout(timeout, Subscription::attach(&mut begun, options)).await {
             Ok(Ok(subscription)) => {
+                let modified_supported = subscription.modified_supported();
                 subscription.close(timeout, false).await;
-                results.push(Ok(()));
+                // Scheduling may be offered on a sender link alone.
+                let sender = super::SenderTarget {
+                    address: target.address,
+                    capability: target.capability,
+                };
+                let attached = super::outputs::attach_sender(&mut begun, &link_name, sender);
+                let delayed_delivery = match tokio::time::timeout(timeout, attached).await {
+                    Ok(Ok(sender)) => {
+                        let offered = super::publisher::offers_delayed_delivery(&sender);
+                        let _ = tokio::time::timeout(timeout, sender.close()).await;
+                        offered
+                    }
+                    _ => false,
+                };
+                results.push(Ok(super::LinkOffers {
+                    modified_supported,
+                    delayed_delivery: delayed_delivery || offers.delayed_delivery,
+                }));
                 session = Some(begun);
             }
             Ok(Err(e)) => results.push(Err(e.to_string())),

@@ -7,16 +7,15 @@ use std::sync::atomic::AtomicBool;
 use super::MountSpec;
 use crate::broker::management::{QueueInfo, QueueKind};
 use crate::broker::{
-    AttachFailure, BrokerError, BrokerKind, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn,
+    AttachFailure, BrokerError, BrokerKind, BrokerPool, CLOSE_TIMEOUT, LinkOffers, OutputsOn,
     PooledSession, Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription,
-    TransactionsOn,
+    TransactionsOn, outputs_in_transactions, policy_for,
 };
 use crate::config::{
-    DelayChoice, Node, OutputsChoice, RetryAfterOriginal, RetryChoice, RetryCopiesTo, Settle,
-    SubscriptionKind, TopicSubscription,
+    DelayChoice, Node, RetryChoice, RetryCopiesTo, SubscriptionKind, TopicSubscription,
 };
 use crate::events::Event;
-use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
+use crate::settlement::{Policy, RetryPath};
 
 /// Everything a mount's delivery tasks share while its links are up.
 pub(crate) struct MountContext {
@@ -37,8 +36,8 @@ pub(crate) struct MountContext {
 /// The broker a mount's links are on, in the OpenTelemetry messaging
 /// conventions' terms.
 pub(crate) struct Peer {
-    /// `messaging.system`: `activemq`, `rabbitmq`, or `amqp` for a broker
-    /// the conventions have no name for.
+    /// `messaging.system`: `activemq`, `rabbitmq`, `qpid`, or `amqp` for
+    /// a broker wharf does not know.
     pub(crate) system: &'static str,
     /// `server.address`.
     pub(crate) address: String,
@@ -73,8 +72,7 @@ pub(crate) struct Links {
     publisher: Publisher,
     publisher_task: PublisherTask,
     session: PooledSession,
-    modified_supported: bool,
-    offered: Offered,
+    offered: LinkOffers,
 }
 
 /// A mount whose links are attached, ready to run.
@@ -169,7 +167,8 @@ impl Links {
         // Outputs, like dead letters, go to queues whenever the mount says
         // what its nodes are.
         let output_capability = mount.node.map(|_| Node::Queue.capability());
-        let transactions = commits_in_transactions(&spec, &session).then(|| TransactionsOn {
+        let in_transactions = outputs_in_transactions(&spec.config, session.offers.kind());
+        let transactions = in_transactions.then(|| TransactionsOn {
             pool: pool.clone(),
             connection: session.connection,
             disposer: subscription.disposer(),
@@ -203,11 +202,11 @@ impl Links {
                 }
             };
         // A broker may offer scheduling on the connection or on the link.
-        let offered = Offered {
+        let offered = LinkOffers {
+            modified_supported: subscription.modified_supported(),
             delayed_delivery: offered.delayed_delivery || session.offers.delayed_delivery,
         };
         Ok(Links {
-            modified_supported: subscription.modified_supported(),
             spec,
             subscription,
             publisher,
@@ -226,12 +225,11 @@ impl Links {
             publisher,
             publisher_task,
             session,
-            modified_supported,
             offered,
         } = self;
         let mount = &spec.config;
         let kind = session.offers.kind();
-        let policy = policy(&spec, kind, modified_supported, offered, queue.as_ref());
+        let policy = policy(&spec, kind, offered, queue.as_ref());
         tracing::info!(
             tenant = &*spec.tags.tenant,
             mount = &*spec.tags.mount,
@@ -290,24 +288,6 @@ pub(crate) fn subscription_queue(topic: &TopicSubscription) -> String {
     }
 }
 
-/// Whether a mount's outputs are committed with their inputs in
-/// transactions: when it may have outputs, settles after the handler, and
-/// the config asks for transactions or leaves it to the broker and the
-/// broker is Artemis (RabbitMQ has no transactions).
-fn commits_in_transactions(spec: &MountSpec, session: &PooledSession) -> bool {
-    let grants = &spec.config.grants;
-    let outputs = !grants.send.is_empty() || grants.reply.granted();
-    // An at-most-once delivery is settled on receipt: there is no
-    // acceptance to commit with.
-    outputs
-        && spec.config.settle == Settle::AtLeastOnce
-        && match spec.config.outputs {
-            Some(OutputsChoice::Transaction) => true,
-            Some(OutputsChoice::Confirm) => false,
-            None => session.offers.kind().transactions_by_default(),
-        }
-}
-
 /// How the mount's outputs are committed, for the attach log.
 fn outputs_path(spec: &MountSpec, publisher: &Publisher, kind: BrokerKind) -> &'static str {
     let grants = &spec.config.grants;
@@ -322,75 +302,39 @@ fn outputs_path(spec: &MountSpec, publisher: &Publisher, kind: BrokerKind) -> &'
     }
 }
 
-/// The settlement policy of a mount on links where the broker offered what
-/// `modified_supported` and `offered` say, on `queue` where the broker said
-/// what it is; the mount's config overrides.
+/// The settlement policy of a mount on links where the broker offered
+/// `links`, on `queue` where the broker said what it is, with a warning
+/// where the config asks for what the broker does not offer.
 fn policy(
     spec: &MountSpec,
     kind: BrokerKind,
-    modified_supported: bool,
-    offered: Offered,
+    links: LinkOffers,
     queue: Option<&QueueInfo>,
 ) -> Policy {
     let mount = &spec.config;
-    // Only a queue that counts redeliveries can carry attempts in
-    // `modified`; classic queues and streams cannot. A broker that loses
-    // parts of a message redelivering it gets copies.
-    let counts = queue.is_none_or(|q| matches!(q.kind, QueueKind::Quorum { .. }))
-        && !kind.reencodes_redeliveries();
-    let retry = match (mount.retry, modified_supported) {
-        (_, false) => RetryPath::Copy,
-        (Some(RetryChoice::Copy), true) => RetryPath::Copy,
-        (Some(RetryChoice::Modified), true) => RetryPath::Modified,
-        (None, true) if counts => RetryPath::Modified,
-        (None, true) => RetryPath::Copy,
-    };
+    let tags = &spec.tags;
     if kind.requeues_rejected() && mount.dead_letter.is_none() {
         tracing::warn!(
-            tenant = &*spec.tags.tenant,
-            mount = &*spec.tags.mount,
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
             "the broker puts `rejected` deliveries back on the queue: without a `dead_letter` address, dropped and exhausted messages are accepted and gone"
         );
     }
-    if mount.retry == Some(RetryChoice::Modified) && !modified_supported {
+    if mount.retry == Some(RetryChoice::Modified) && !links.modified_supported {
         tracing::warn!(
-            tenant = &*spec.tags.tenant,
-            mount = &*spec.tags.mount,
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
             "`retry = \"modified\"`, but the broker does not offer `modified` here: retries are copies"
         );
     }
-    let delay = match (mount.delay, offered.delayed_delivery) {
-        (Some(DelayChoice::Scheduled), offered) => {
-            if !offered {
-                tracing::warn!(
-                    tenant = &*spec.tags.tenant,
-                    mount = &*spec.tags.mount,
-                    "`delay = \"scheduled\"`, but the broker does not offer DELAYED_DELIVERY: copies may arrive early"
-                );
-            }
-            DelayPath::Scheduled
-        }
-        (Some(DelayChoice::Held), _) => DelayPath::Held,
-        (None, true) => DelayPath::Scheduled,
-        (None, false) => DelayPath::Held,
-    };
-    Policy {
-        settle: mount.settle,
-        max_attempts: mount.max_attempts,
-        dead_letter: mount.dead_letter.is_some(),
-        retry,
-        modified_supported,
-        delay,
-        // Where `rejected` may put the original back beside its copy, it
-        // is accepted: the copy carries the message on.
-        retry_after_original: match mount.retry_after_original {
-            Some(RetryAfterOriginal::Rejected) => Disposition::Rejected,
-            Some(RetryAfterOriginal::Accepted) => Disposition::Accepted,
-            None if kind.requeues_rejected() => Disposition::Accepted,
-            None => Disposition::Rejected,
-        },
-        rejected_requeues: kind.requeues_rejected(),
+    if mount.delay == Some(DelayChoice::Scheduled) && !links.delayed_delivery {
+        tracing::warn!(
+            tenant = &*tags.tenant,
+            mount = &*tags.mount,
+            "`delay = \"scheduled\"`, but the broker does not offer DELAYED_DELIVERY: copies may arrive early"
+        );
     }
+    policy_for(mount, kind, links, queue)
 }
 
 /// A quorum queue dead-letters on its own once a message was delivered

@@ -87,7 +87,7 @@ pub(super) async fn handle(
     }
     let span = tracing::info_span!(
         "handle",
-        messaging.system = "amqp",
+        messaging.system = context.peer.system,
         messaging.operation = "process",
         messaging.destination.name = spec.config.address,
         messaging.message.id = message_id,

@@ -1,0 +1,141 @@
+//! What a broker can do, as it says (its offers on the connection and on
+//! each link) and as the tests found it behaves (its [`BrokerKind`]), and
+//! how a mount's settlement is carried out on it.
+
+use crate::config::{DelayChoice, Mount, OutputsChoice, RetryAfterOriginal, RetryChoice, Settle};
+use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
+
+use super::management::{QueueInfo, QueueKind};
+
+/// The brokers whose behaviour wharf knows beyond what they offer, by the
+/// `product` of their open properties. What each does differently was
+/// measured by the tests on a real broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// ActiveMQ Artemis (`apache-activemq-artemis`).
+    Artemis,
+    /// RabbitMQ 3.x (`rabbitmq_amqp1_0`) or 4.x (`RabbitMQ`).
+    RabbitMq,
+    /// ActiveMQ Classic 5.x/6.x (`ActiveMQ`).
+    ActiveMqClassic,
+    /// Apache Qpid Broker-J (`Apache Qpid Broker-J Core`).
+    QpidBrokerJ,
+    /// Any other broker: only what it offers counts.
+    Other,
+}
+
+impl BrokerKind {
+    /// `messaging.system` in OpenTelemetry's messaging conventions.
+    pub fn messaging_system(self) -> &'static str {
+        match self {
+            BrokerKind::Artemis | BrokerKind::ActiveMqClassic => "activemq",
+            BrokerKind::RabbitMq => "rabbitmq",
+            BrokerKind::QpidBrokerJ => "qpid",
+            BrokerKind::Other => "amqp",
+        }
+    }
+
+    /// It decodes and encodes a message again to redeliver it after
+    /// `modified`, and loses sections on the way (ActiveMQ Classic 6.3
+    /// keeps only the header and footer of a message with two data
+    /// sections): retries are better carried by the host's copies, which
+    /// are built from the bytes as first delivered.
+    pub fn reencodes_redeliveries(self) -> bool {
+        self == BrokerKind::ActiveMqClassic
+    }
+
+    /// It puts a `rejected` message back on its queue, counted, until the
+    /// queue's own delivery limit routes it elsewhere (Broker-J's
+    /// `maximumDeliveryAttempts`, which is off by default): an original
+    /// settled `rejected` after its copy went out may come back.
+    pub fn requeues_rejected(self) -> bool {
+        self == BrokerKind::QpidBrokerJ
+    }
+
+    /// It drops a message whose `_AMQ_DUPL_ID` it has seen (Artemis).
+    pub fn drops_duplicate_ids(self) -> bool {
+        self == BrokerKind::Artemis
+    }
+
+    /// Outputs commit with their input in a transaction unless the config
+    /// says otherwise: where the tests showed local transactions that
+    /// take a receiver's `accepted` with outputs sent on other sessions
+    /// (RabbitMQ has none over AMQP 1.0).
+    pub fn transactions_by_default(self) -> bool {
+        matches!(
+            self,
+            BrokerKind::Artemis | BrokerKind::ActiveMqClassic | BrokerKind::QpidBrokerJ
+        )
+    }
+}
+
+/// What a broker offered on a mount's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkOffers {
+    /// The receiver may settle `modified`: the source's `outcomes` list it,
+    /// or list nothing.
+    pub modified_supported: bool,
+    /// Messages are scheduled by their `x-opt-delivery-time`
+    /// (`DELAYED_DELIVERY` offered on the connection or the sender).
+    pub delayed_delivery: bool,
+}
+
+/// The settlement policy of `mount` on a broker of `kind` that offered
+/// `links`, on `queue` where the broker said what it is; the mount's
+/// config overrides.
+pub fn policy_for(
+    mount: &Mount,
+    kind: BrokerKind,
+    links: LinkOffers,
+    queue: Option<&QueueInfo>,
+) -> Policy {
+    // Only a queue that counts redeliveries can carry attempts in
+    // `modified`; classic queues and streams cannot. A broker that loses
+    // parts of a message redelivering it gets copies.
+    let counts = queue.is_none_or(|q| matches!(q.kind, QueueKind::Quorum { .. }))
+        && !kind.reencodes_redeliveries();
+    let retry = match (mount.retry, links.modified_supported) {
+        (_, false) | (Some(RetryChoice::Copy), true) => RetryPath::Copy,
+        (Some(RetryChoice::Modified), true) => RetryPath::Modified,
+        (None, true) if counts => RetryPath::Modified,
+        (None, true) => RetryPath::Copy,
+    };
+    let delay = match (mount.delay, links.delayed_delivery) {
+        (Some(DelayChoice::Scheduled), _) | (None, true) => DelayPath::Scheduled,
+        (Some(DelayChoice::Held), _) | (None, false) => DelayPath::Held,
+    };
+    Policy {
+        settle: mount.settle,
+        max_attempts: mount.max_attempts,
+        dead_letter: mount.dead_letter.is_some(),
+        retry,
+        modified_supported: links.modified_supported,
+        delay,
+        // Where `rejected` may put the original back beside its copy, it
+        // is accepted: the copy carries the message on.
+        retry_after_original: match mount.retry_after_original {
+            Some(RetryAfterOriginal::Rejected) => Disposition::Rejected,
+            Some(RetryAfterOriginal::Accepted) => Disposition::Accepted,
+            None if kind.requeues_rejected() => Disposition::Accepted,
+            None => Disposition::Rejected,
+        },
+        rejected_requeues: kind.requeues_rejected(),
+    }
+}
+
+/// Whether a mount's outputs commit with their input in a transaction:
+/// when it may have outputs, settles after the handler, and the config
+/// asks for transactions or leaves it to a broker of `kind` that has them.
+pub fn outputs_in_transactions(mount: &Mount, kind: BrokerKind) -> bool {
+    let grants = &mount.grants;
+    let outputs = !grants.send.is_empty() || grants.reply.granted();
+    // An at-most-once delivery is settled on receipt: there is no
+    // acceptance to commit with.
+    outputs
+        && mount.settle == Settle::AtLeastOnce
+        && match mount.outputs {
+            Some(OutputsChoice::Transaction) => true,
+            Some(OutputsChoice::Confirm) => false,
+            None => kind.transactions_by_default(),
+        }
+}
