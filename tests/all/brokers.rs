@@ -14,7 +14,7 @@ use wharf::settlement::{DelayPath, Disposition, RetryPath};
 
 use crate::client::{Client, TestMessage};
 use crate::faults::{Counter, host_behind, ids, killed_with_pending_copies};
-use crate::hostile::{nested_messages, replies_are_confined};
+use crate::hostile::{forged_retry_counts_are_not_believed, nested_messages, replies_are_confined};
 use crate::outbox::killed_while_publishing;
 use crate::poison::{poison_on, take};
 use crate::proxy::Proxy;
@@ -401,6 +401,11 @@ macro_rules! contract_on {
                 let broker = $broker;
                 let (bodies, properties) = broker.nested;
                 nested_messages(&broker.url, bodies, properties).await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn a_forged_retry_count_is_not_believed() -> anyhow::Result<()> {
+                forged_retry_counts_are_not_believed(&$broker.url).await
             }
 
             #[tokio::test(flavor = "multi_thread")]

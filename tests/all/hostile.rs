@@ -539,19 +539,24 @@ async fn messages_reusing_one_message_id_do_not_switch_a_mount_to_copies() -> an
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forged_retry_count_is_not_believed_where_counts_are_sealed() -> anyhow::Result<()> {
-    let url = artemis_url();
+    forged_retry_counts_are_not_believed(&artemis_url()).await
+}
+
+/// A publisher's retry count is not believed on a mount whose host seals
+/// its own copies' counts, on the broker at `url`.
+pub(crate) async fn forged_retry_counts_are_not_believed(url: &str) -> anyhow::Result<()> {
     let q = unique("sealed");
     let key = crate::process::TempFile::new("key", "a shared secret")?;
     let mount =
         MountToml::new("m", "fixture_script", &q).with("retry = \"copy\"\nmax_attempts = 3");
     let text = tenants_text(
-        &url,
+        url,
         &format!("retry_key_file = \"{}\"", key.0.display()),
         &[TenantToml::new("t", vec![mount])],
     );
     let mut host =
         TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
-    let mut client = Client::connect(&url).await?;
+    let mut client = Client::connect(url).await?;
     // Claims four earlier retries: believed, it would be past the limit.
     let forged = unique("forged");
     client
@@ -578,7 +583,7 @@ async fn a_forged_retry_count_is_not_believed_where_counts_are_sealed() -> anyho
         .await?;
     attempts(&mut host, &genuine, 3).await?;
     println!(
-        "sealed retry counts: a forged count of 4 was handled as attempt 1; sealed copies counted 1, 2, 3"
+        "sealed retry counts on {url}: a forged count of 4 was handled as attempt 1; sealed copies counted 1, 2, 3"
     );
     host.stop().await?;
     client.close().await;

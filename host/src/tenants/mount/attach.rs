@@ -239,6 +239,7 @@ impl Links {
                 .as_ref()
                 .map(|s| format!("{} ({})", s.name, s.kind.as_str())),
             broker = %session.endpoint,
+            product = session.offers.product.as_deref(),
             queue = queue.as_ref().map(|q| q.kind.to_string()),
             settle = %mount.settle,
             credit = spec.credit(),
