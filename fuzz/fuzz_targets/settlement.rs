@@ -63,11 +63,16 @@ fuzz_target!(|data: &[u8]| {
         && matches!(outcome, Outcome::Retry | Outcome::RetryAfter(_))
     {
         match planned {
-            // Only at the limit, with nowhere to dead-letter to.
-            Plan::Settle(Disposition::Rejected) => assert!(!policy.dead_letter),
-            Plan::Settle(Disposition::Accepted) => {
-                panic!("a failed attempt settled as done: {planned:?}")
+            // Only at the limit, with nowhere to dead-letter to: given up
+            // to the broker, or where it would put a rejected delivery
+            // back, dropped by the host.
+            Plan::Settle(Disposition::Rejected) => {
+                assert!(!policy.dead_letter && !policy.rejected_requeues)
             }
+            Plan::Settle(Disposition::Accepted) => assert!(
+                !policy.dead_letter && policy.rejected_requeues,
+                "a failed attempt settled as done: {planned:?}"
+            ),
             Plan::PublishThenSettle { otherwise, .. } => {
                 assert!(matches!(
                     otherwise,
