@@ -139,3 +139,91 @@ pub fn outputs_in_transactions(mount: &Mount, kind: BrokerKind) -> bool {
             None => kind.transactions_by_default(),
         }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::BrokerOffers;
+    use crate::config::Config;
+
+    /// A mount on queue `q` with `extra` lines.
+    fn mount(extra: &str) -> Mount {
+        let dir = std::env::temp_dir().join(format!("wharf-capabilities-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("m.wasm"), b"").expect("module file");
+        let text = format!(
+            "[broker]\nurl = \"amqp://localhost\"\n[[tenant]]\nname = \"t\"\n[[tenant.mount]]\nname = \"m\"\nmodule = \"m.wasm\"\naddress = \"q\"\n{extra}"
+        );
+        let config = Config::parse(&text, &dir.join("wharf.toml")).expect("valid config");
+        config.mounts().next().expect("one mount").1.clone()
+    }
+
+    const EVERYTHING: LinkOffers = LinkOffers {
+        modified_supported: true,
+        delayed_delivery: true,
+    };
+
+    #[test]
+    fn a_broker_is_known_by_its_product() {
+        let kind = |product: &str| {
+            BrokerOffers {
+                product: Some(product.to_owned()),
+                ..BrokerOffers::default()
+            }
+            .kind()
+        };
+        assert_eq!(kind("apache-activemq-artemis"), BrokerKind::Artemis);
+        assert_eq!(kind("RabbitMQ"), BrokerKind::RabbitMq);
+        assert_eq!(kind("ActiveMQ"), BrokerKind::ActiveMqClassic);
+        assert_eq!(kind("Apache Qpid Broker-J Core"), BrokerKind::QpidBrokerJ);
+        assert_eq!(kind("SolaceMessageBroker"), BrokerKind::Other);
+        assert_eq!(BrokerOffers::default().kind(), BrokerKind::Other);
+    }
+
+    #[test]
+    fn activemq_classic_retries_by_copy_unless_the_config_says_modified() {
+        let on = |extra| policy_for(&mount(extra), BrokerKind::ActiveMqClassic, EVERYTHING, None);
+        assert_eq!(on("").retry, RetryPath::Copy);
+        assert_eq!(on("retry = \"modified\"").retry, RetryPath::Modified);
+        assert_eq!(on("").retry_after_original, Disposition::Rejected);
+        let artemis = policy_for(&mount(""), BrokerKind::Artemis, EVERYTHING, None);
+        assert_eq!(artemis.retry, RetryPath::Modified);
+    }
+
+    #[test]
+    fn broker_j_is_never_sent_rejected_unless_the_config_says() {
+        let links = LinkOffers {
+            modified_supported: false,
+            delayed_delivery: true,
+        };
+        let on = |extra| policy_for(&mount(extra), BrokerKind::QpidBrokerJ, links, None);
+        let policy = on("");
+        assert!(policy.rejected_requeues);
+        assert_eq!(
+            (policy.retry, policy.delay, policy.retry_after_original),
+            (RetryPath::Copy, DelayPath::Scheduled, Disposition::Accepted)
+        );
+        let told = on("retry_after_original = \"rejected\"");
+        assert_eq!(told.retry_after_original, Disposition::Rejected);
+    }
+
+    #[test]
+    fn outputs_commit_in_transactions_where_the_broker_enlists_acceptance() {
+        let granted = mount("[tenant.mount.grants]\nsend = [\"out\"]");
+        for kind in [
+            BrokerKind::Artemis,
+            BrokerKind::ActiveMqClassic,
+            BrokerKind::QpidBrokerJ,
+        ] {
+            assert!(outputs_in_transactions(&granted, kind), "{kind:?}");
+        }
+        assert!(!outputs_in_transactions(&granted, BrokerKind::RabbitMq));
+        assert!(!outputs_in_transactions(&granted, BrokerKind::Other));
+        assert!(!outputs_in_transactions(&mount(""), BrokerKind::Artemis));
+        let confirmed = mount("outputs = \"confirm\"\n[tenant.mount.grants]\nsend = [\"out\"]");
+        assert!(!outputs_in_transactions(
+            &confirmed,
+            BrokerKind::QpidBrokerJ
+        ));
+    }
+}

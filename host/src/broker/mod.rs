@@ -1,7 +1,9 @@
-//! The AMQP side: connections, receiver links, publishing. Knows nothing of
-//! wasm or of the settlement rules; it carries out what it is told.
+//! The AMQP side: connections, receiver links, publishing, and what each
+//! broker can do ([`capabilities`]: which settlement paths a mount takes
+//! there). Knows nothing of wasm or of the settlement rules themselves; it
+//! carries out what it is told.
 
-mod capabilities;
+pub mod capabilities;
 mod connection;
 mod error;
 pub mod management;
