@@ -4,8 +4,9 @@
 //! a cut connection and hostile messages, each checked against what wharf
 //! chose from what the broker offered and is, and counted.
 //!
-//! Both test brokers (`scripts/activemq`, `scripts/qpid`) dead-letter a
-//! `rejected` message from queue `Q` into `DLQ.Q`.
+//! The test ActiveMQ Classic (`scripts/activemq`) dead-letters a `rejected`
+//! message from queue `Q` into `DLQ.Q`; Broker-J (`scripts/qpid`) would put
+//! it back, and is never sent one.
 
 use std::time::{Duration, Instant};
 
@@ -188,6 +189,37 @@ async fn vectors(broker: &Broker) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A dropped message on a mount with a dead-letter address: `rejected`,
+/// into the broker's own dead-letter queue, where the broker has one;
+/// where it would put it back, published to the mount's address and
+/// accepted.
+async fn a_drop(broker: &Broker) -> anyhow::Result<()> {
+    let q = unique("drop");
+    let dla = format!("{q}.dla");
+    let mount = MountToml::new("m", "fixture_script", &q).with(&format!("dead_letter = \"{dla}\""));
+    let mut host = TestHost::start(&broker.url, &[mount]).await?;
+    let mut client = Client::connect(&broker.url).await?;
+    let id = format!("{q}.dropped");
+    client
+        .publish(&q, TestMessage::new(&id, "x").script("*:drop"))
+        .await?;
+    let handled = host.handled(&id).await?;
+    assert_eq!(handled.disposition, Some(broker.gives_up));
+    let (to, other) = match broker.gives_up {
+        Disposition::Rejected => (format!("DLQ.{q}"), dla),
+        _ => (dla, format!("DLQ.{q}")),
+    };
+    assert_eq!(take(&mut client, &to, 1).await?, [id]);
+    let marker = format!("{other}.marker");
+    client
+        .publish(&other, TestMessage::new(&marker, "x"))
+        .await?;
+    assert_eq!(take(&mut client, &other, 1).await?, [marker]);
+    assert_drained(host, &mut client, &q).await?;
+    client.close().await;
+    Ok(())
+}
+
 /// A message of two data sections, retried: the copy carries both.
 async fn a_retry_keeps_every_section(broker: &Broker) -> anyhow::Result<()> {
     let q = unique("sections");
@@ -340,6 +372,12 @@ macro_rules! contract_on {
                 let broker = $broker;
                 let says = broker.check_says;
                 check_says(&broker, says).await
+            }
+
+            #[tokio::test]
+            async fn a_drop_goes_to_the_brokers_dead_letter_queue_or_the_mounts()
+            -> anyhow::Result<()> {
+                a_drop(&$broker).await
             }
 
             #[tokio::test]
