@@ -14,11 +14,10 @@ use wharf::events::Event;
 use wharf::settlement::{DelayPath, Disposition, RetryPath};
 
 use crate::client::{Client, TestMessage};
-use crate::faults::{Counter, host_behind, ids, killed_with_pending_copies};
+use crate::faults::{killed_with_pending_copies, through_two_cuts};
 use crate::hostile::{forged_retry_counts_are_not_believed, nested_messages, replies_are_confined};
 use crate::outbox::killed_while_publishing;
 use crate::poison::{poison_on, take};
-use crate::proxy::Proxy;
 use crate::{MountToml, TestHost, activemq_url, config_text, qpid_url, unique};
 
 /// A broker under test and what wharf must choose on it.
@@ -113,6 +112,57 @@ async fn assert_drained(host: TestHost, client: &mut Client, queue: &str) -> any
     Ok(())
 }
 
+/// Publishes the five vectors that differ between brokers to `address`,
+/// with ids `<prefix>.<case>`: ack, drop, retry, retry-after, and a retry
+/// at the limit of a mount with two attempts and no dead-letter address.
+/// Checks each is settled as expected (`gives_up` for the drop and the
+/// limit, `original` for the retry-after's original) and returns, sorted,
+/// the ids settled `rejected`: what the broker's dead-letter policy gets.
+pub(crate) async fn five_vectors(
+    host: &mut TestHost,
+    client: &mut Client,
+    address: &str,
+    prefix: &str,
+    gives_up: Disposition,
+    original: Disposition,
+) -> anyhow::Result<Vec<String>> {
+    let cases = [
+        ("ack", "*:ack"),
+        ("drop", "*:drop"),
+        ("retry", "1:retry *:ack"),
+        ("after", "1:after=300 *:ack"),
+        ("limit", "*:retry"),
+    ];
+    let id = |case: &str| format!("{prefix}.{case}");
+    for (case, script) in cases {
+        client
+            .publish(address, TestMessage::new(&id(case), "x").script(script))
+            .await?;
+    }
+    assert_eq!(
+        host.handled(&id("ack")).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    assert_eq!(host.handled(&id("drop")).await?.disposition, Some(gives_up));
+    let [first, second] = <[_; 2]>::try_from(host.handled_n(&id("retry"), 2).await?).expect("two");
+    assert_eq!((first.attempt, second.attempt), (1, 2));
+    assert_eq!(second.disposition, Some(Disposition::Accepted));
+    let [first, copy] = <[_; 2]>::try_from(host.handled_n(&id("after"), 2).await?).expect("two");
+    assert_eq!(first.disposition, Some(original));
+    assert_eq!((copy.attempt, copy.counters.retry_count), (2, Some(1)));
+    let [_, last] = <[_; 2]>::try_from(host.handled_n(&id("limit"), 2).await?).expect("two");
+    assert_eq!((last.attempt, last.disposition), (2, Some(gives_up)));
+    let mut rejected = Vec::new();
+    if gives_up == Disposition::Rejected {
+        rejected.extend([id("drop"), id("limit")]);
+    }
+    if original == Disposition::Rejected {
+        rejected.push(id("after"));
+    }
+    rejected.sort();
+    Ok(rejected)
+}
+
 /// Ack, drop, retry, retry-after and a retry at the limit without a
 /// dead-letter address, on one mount with two attempts.
 async fn vectors(broker: &Broker) -> anyhow::Result<()> {
@@ -128,48 +178,15 @@ async fn vectors(broker: &Broker) -> anyhow::Result<()> {
         (broker.retry, DelayPath::Scheduled, true)
     );
     let mut client = Client::connect(&broker.url).await?;
-    let cases = [
-        ("ack", "*:ack"),
-        ("drop", "*:drop"),
-        ("retry", "1:retry *:ack"),
-        ("after", "1:after=300 *:ack"),
-        ("limit", "*:retry"),
-    ];
-    for (case, script) in cases {
-        client
-            .publish(
-                &q,
-                TestMessage::new(&format!("{q}.{case}"), "x").script(script),
-            )
-            .await?;
-    }
-    let id = |case: &str| format!("{q}.{case}");
-    assert_eq!(
-        host.handled(&id("ack")).await?.disposition,
-        Some(Disposition::Accepted)
-    );
-    assert_eq!(
-        host.handled(&id("drop")).await?.disposition,
-        Some(broker.gives_up)
-    );
-    let [first, second] = <[_; 2]>::try_from(host.handled_n(&id("retry"), 2).await?).expect("two");
-    assert_eq!((first.attempt, second.attempt), (1, 2));
-    assert_eq!(second.disposition, Some(Disposition::Accepted));
-    let [first, copy] = <[_; 2]>::try_from(host.handled_n(&id("after"), 2).await?).expect("two");
-    assert_eq!(first.disposition, Some(broker.retry_after_original));
-    assert_eq!((copy.attempt, copy.counters.retry_count), (2, Some(1)));
-    let [_, last] = <[_; 2]>::try_from(host.handled_n(&id("limit"), 2).await?).expect("two");
-    assert_eq!((last.attempt, last.disposition), (2, Some(broker.gives_up)));
-    // What was rejected is in the broker's dead-letter queue, and nothing
-    // else.
-    let mut expected = Vec::new();
-    if broker.gives_up == Disposition::Rejected {
-        expected.extend([id("drop"), id("limit")]);
-    }
-    if broker.retry_after_original == Disposition::Rejected {
-        expected.push(id("after"));
-    }
-    expected.sort();
+    let expected = five_vectors(
+        &mut host,
+        &mut client,
+        &q,
+        &q,
+        broker.gives_up,
+        broker.retry_after_original,
+    )
+    .await?;
     let dlq = format!("DLQ.{q}");
     let mut dead = take(&mut client, &dlq, expected.len()).await?;
     dead.sort();
@@ -279,29 +296,8 @@ async fn delays(broker: &Broker) -> anyhow::Result<()> {
 /// Two thousand deliveries through a proxy cut twice mid-stream.
 async fn cut(broker: &Broker) -> anyhow::Result<()> {
     let q = unique("cut");
-    let upstream = broker
-        .url
-        .rsplit_once('@')
-        .map(|(_, at)| at)
-        .unwrap_or_default();
-    let proxy = Proxy::start(upstream).await?;
-    let mount = MountToml::new("m", "fixture_script", &q)
-        .with("[tenant.mount.grants]")
-        .with("clocks = true");
-    let host = host_behind(&proxy, &broker.url, &[mount], "").await?;
-    let counter = Counter::start(&host);
-    let mut client = Client::connect(&broker.url).await?;
-    let all = ids(&q, 2000);
-    client.publish_scripted(&q, &all, "*:busy=1").await?;
-    for at in [500, 1200] {
-        counter.wait_for(at).await?;
-        proxy.cut();
-    }
-    counter.wait_for(all.len()).await?;
-    assert!(proxy.accepted() >= 3, "two cuts, three connections");
-    counter
-        .tally(all.len())
-        .report(&format!("connection cut twice, {}", broker.name));
+    let (host, _proxy, mut client, tally) = through_two_cuts(&broker.url, &q).await?;
+    tally.report(&format!("connection cut twice, {}", broker.name));
     assert_drained(host, &mut client, &q).await?;
     client.close().await;
     Ok(())

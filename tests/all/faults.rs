@@ -33,18 +33,18 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub(crate) fn new(sent: usize) -> Tally {
+    fn new(sent: usize) -> Tally {
         Tally {
             sent,
             ..Tally::default()
         }
     }
 
-    pub(crate) fn handled(&mut self, id: &str) {
+    fn handled(&mut self, id: &str) {
         *self.handled.entry(id.to_owned()).or_default() += 1;
     }
 
-    pub(crate) fn unique(&self) -> usize {
+    fn unique(&self) -> usize {
         self.handled.len()
     }
 
@@ -79,7 +79,7 @@ impl Tally {
 /// an event; such a message was handled, not lost. The handlers these tests
 /// run ack every delivery, and the tests check the queue is empty in the
 /// end, so a message counted here was handled and nothing was left.
-pub(crate) struct Counter {
+struct Counter {
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -92,7 +92,7 @@ struct Seen {
 }
 
 impl Counter {
-    pub(crate) fn start(host: &TestHost) -> Counter {
+    fn start(host: &TestHost) -> Counter {
         let mut events = host.host().subscribe();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let counts = seen.clone();
@@ -130,7 +130,7 @@ impl Counter {
     }
 
     /// Waits until `n` distinct messages reached a handler.
-    pub(crate) async fn wait_for(&self, n: usize) -> anyhow::Result<()> {
+    async fn wait_for(&self, n: usize) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while self.count()? < n {
             anyhow::ensure!(
@@ -143,13 +143,13 @@ impl Counter {
         Ok(())
     }
 
-    pub(crate) fn tally(self, sent: usize) -> Tally {
+    fn tally(self, sent: usize) -> Tally {
         let handled = self.seen.lock().expect("counter").handled.clone();
         Tally { sent, handled }
     }
 }
 
-pub(crate) fn ids(prefix: &str, n: usize) -> Vec<String> {
+fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}.{i}")).collect()
 }
 
@@ -270,7 +270,7 @@ async fn odd_messages_from_another_client_are_handled_and_the_unreadable_rejecte
 }
 
 /// A host on Artemis through `proxy`, with short reconnect waits.
-pub(crate) async fn host_behind(
+async fn host_behind(
     proxy: &Proxy,
     url: &str,
     mounts: &[MountToml],
@@ -285,28 +285,42 @@ pub(crate) async fn host_behind(
     TestHost::start_config(Config::parse(&text, &repo_root().join("test.toml"))?).await
 }
 
-#[tokio::test]
-async fn a_reset_connection_is_attached_again_and_nothing_is_lost() -> anyhow::Result<()> {
-    let q = unique("reset");
-    let proxy = Proxy::start("127.0.0.1:5672").await?;
+/// Two thousand deliveries of a millisecond's work each, published to `q`
+/// on the broker at `url` and consumed through a proxy cut twice
+/// mid-stream. Returns once every one reached a handler: the host, still
+/// running behind the proxy (which must outlive it), the publishing client
+/// and what was counted.
+pub(crate) async fn through_two_cuts(
+    url: &str,
+    q: &str,
+) -> anyhow::Result<(TestHost, Proxy, Client, Tally)> {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let upstream = authority.rsplit_once('@').map_or(authority, |(_, at)| at);
+    let proxy = Proxy::start(upstream).await?;
     // A millisecond of work each, so the cuts fall mid-stream.
-    let mount = MountToml::new("m", "fixture_script", &q)
+    let mount = MountToml::new("m", "fixture_script", q)
         .with("[tenant.mount.grants]")
         .with("clocks = true");
-    let host = host_behind(&proxy, &artemis_url(), &[mount], "").await?;
+    let host = host_behind(&proxy, url, &[mount], "").await?;
     let counter = Counter::start(&host);
-    let mut client = Client::connect(&artemis_url()).await?;
-    let all = ids(&q, 2000);
-    client.publish_scripted(&q, &all, "*:busy=1").await?;
+    let mut client = Client::connect(url).await?;
+    let all = ids(q, 2000);
+    client.publish_scripted(q, &all, "*:busy=1").await?;
     for at in [500, 1200] {
         counter.wait_for(at).await?;
         proxy.cut();
     }
     counter.wait_for(all.len()).await?;
-    wait_for_count(&q, 0, async || client.artemis_count(&q).await).await?;
-    let tally = counter.tally(all.len());
-    tally.report("connection reset");
     assert!(proxy.accepted() >= 3, "two cuts, three connections");
+    Ok((host, proxy, client, counter.tally(all.len())))
+}
+
+#[tokio::test]
+async fn a_reset_connection_is_attached_again_and_nothing_is_lost() -> anyhow::Result<()> {
+    let q = unique("reset");
+    let (host, _proxy, mut client, tally) = through_two_cuts(&artemis_url(), &q).await?;
+    wait_for_count(&q, 0, async || client.artemis_count(&q).await).await?;
+    tally.report("connection reset");
     host.stop().await?;
     client.close().await;
     Ok(())

@@ -6,6 +6,7 @@
 use wharf::broker::management::QueueKind;
 use wharf::settlement::{Disposition, Publish, RetryPath};
 
+use crate::brokers::five_vectors;
 use crate::client::{Client, TestMessage};
 use crate::poison::{attached, poison_on, take};
 use crate::process::WharfProcess;
@@ -130,44 +131,21 @@ async fn vectors(kind: &str) -> anyhow::Result<()> {
     let mount = MountToml::new("m", "fixture_script", &address).with("max_attempts = 2");
     let mut host = TestHost::start(&url, &[mount]).await?;
     let mut client = Client::connect(&url).await?;
-    let cases = [
-        ("ack", "*:ack"),
-        ("drop", "*:drop"),
-        ("retry", "1:retry *:ack"),
-        ("after", "1:after=300 *:ack"),
-        ("limit", "*:retry"),
-    ];
-    for (case, script) in cases {
-        let id = format!("{q}.{case}");
-        client
-            .publish(&address, TestMessage::new(&id, "x").script(script))
-            .await?;
-    }
-    let outcome = |case: &str| format!("{q}.{case}");
-    assert_eq!(
-        host.handled(&outcome("ack")).await?.disposition,
-        Some(Disposition::Accepted)
-    );
-    assert_eq!(
-        host.handled(&outcome("drop")).await?.disposition,
-        Some(Disposition::Rejected)
-    );
-    let [first, second] =
-        <[_; 2]>::try_from(host.handled_n(&outcome("retry"), 2).await?).expect("two");
-    assert_eq!((first.attempt, second.attempt), (1, 2));
-    assert_eq!(second.disposition, Some(Disposition::Accepted));
-    let [first, copy] =
-        <[_; 2]>::try_from(host.handled_n(&outcome("after"), 2).await?).expect("two");
-    assert_eq!(first.disposition, Some(Disposition::Rejected));
-    assert_eq!((copy.attempt, copy.counters.retry_count), (2, Some(1)));
-    let [_, last] = <[_; 2]>::try_from(host.handled_n(&outcome("limit"), 2).await?).expect("two");
-    assert_eq!(last.attempt, 2);
-    assert_eq!(last.disposition, Some(Disposition::Rejected));
+    let rejected = five_vectors(
+        &mut host,
+        &mut client,
+        &address,
+        &q,
+        Disposition::Rejected,
+        Disposition::Rejected,
+    )
+    .await?;
     // `rejected` goes to the queue's dead-letter exchange: the drop, the
     // retry-after's original, and the one at its limit.
+    assert_eq!(rejected.len(), 3);
     let mut dead = take(&mut client, &format!("/queues/{dlx}"), 3).await?;
     dead.sort();
-    assert_eq!(dead, [outcome("after"), outcome("drop"), outcome("limit")]);
+    assert_eq!(dead, rejected);
     host.stop().await?;
     client.close().await;
     delete(&q).await?;
