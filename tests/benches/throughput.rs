@@ -2,13 +2,14 @@
 //! consumer doing the same work in the same run (its socket with
 //! `TCP_NODELAY`, the same credit): throughput and the process's CPU time
 //! per message, per handler language and instance policy, latency at half
-//! the measured maximum, mounts sharing a connection, and what idle mounts
-//! cost.
+//! and nine tenths of each policy's best rate, mounts sharing a
+//! connection, and what idle mounts cost.
 //!
 //!     cargo bench -p wharf-tests --bench throughput             # Artemis, then RabbitMQ 4
 //!     cargo bench -p wharf-tests --bench throughput -- artemis  # one broker
 //!     cargo bench -p wharf-tests --bench throughput -- artemis ack  # cases naming `ack`
 //!     cargo bench -p wharf-tests --bench throughput -- artemis tracing  # what spans cost
+//!     cargo bench -p wharf-tests --bench throughput -- artemis latency  # under a steady load
 //!
 //! The brokers must be running (`scripts/test` starts them); guests come
 //! from `build/guests` (`scripts/build-guests`).
@@ -21,12 +22,11 @@ use std::time::{Duration, Instant};
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
-use fe2o3_amqp::{Receiver, Session};
+use fe2o3_amqp::{Receiver, Sender, Session};
 use wharf::broker::message::AmqpMessage;
 use wharf::config::Config;
 use wharf::events::Event;
 use wharf_tests::bench::{self, Broker, brokers, host, host_with, rate};
-use wharf_tests::client::Client;
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
 /// Messages per throughput measurement (`WHARF_BENCH_MESSAGES` overrides).
@@ -219,47 +219,133 @@ fn profiler(command: &str) {
     }
 }
 
-/// p50 and p99 from publish to accept, publishing at `rate` a second.
-async fn latency(broker: &Broker, rate: f64) -> anyhow::Result<(Duration, Duration)> {
+/// Latency from publish to accept under a steady load.
+struct Latency {
+    /// The rate the publisher kept up.
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// Who consumes in a latency measurement.
+#[derive(Clone, Copy)]
+enum Consumer<'a> {
+    /// The hand-written fe2o3 loop.
+    Native,
+    /// One wharf mount of the Rust `ack` handler with these extra lines
+    /// (its policy).
+    Wharf(&'a [&'a str]),
+}
+
+/// p50 and p99 from publish to accept, publishing at `rate` a second for
+/// five seconds to `consumer`. The publisher does not wait for the
+/// broker's answer before the next publish, so it keeps up rates a
+/// publish-and-wait loop could not.
+async fn latency(broker: &Broker, consumer: Consumer<'_>, rate: f64) -> anyhow::Result<Latency> {
     let queue = (broker.queue)(&unique("latency"));
-    let host = host(broker, vec![mount("m", "ack", &queue, &[])]).await?;
-    let mut events = host.host().subscribe();
-    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let n = (rate * 5.0) as usize;
+    // The ids of accepted messages, as they are accepted.
+    let (accepted, mut accepts) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (host, native) = match consumer {
+        Consumer::Wharf(extra) => {
+            let host = host(broker, vec![mount("m", "ack", &queue, extra)]).await?;
+            let mut events = host.host().subscribe();
+            tokio::spawn(async move {
+                while let Ok(event) = events.recv().await {
+                    if let Event::Handled(h) = event
+                        && let Some(id) = h.message_id
+                        && accepted.send(id).is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+            (Some(host), None)
+        }
+        Consumer::Native => {
+            let mut connection = bench::native_connection(&broker.url).await?;
+            let mut session = Session::begin(&mut connection).await?;
+            let mut receiver = Receiver::builder()
+                .name(unique("native"))
+                .source(queue.as_str())
+                .credit_mode(CreditMode::Auto(CREDIT))
+                .attach(&mut session)
+                .await?;
+            let native =
+                tokio::spawn(async move {
+                    for _ in 0..n {
+                        let delivery = receiver.recv::<Body<Value>>().await?;
+                        receiver.accept(&delivery).await?;
+                        let id = delivery.message().properties.as_ref().and_then(|p| {
+                            match &p.message_id {
+                                Some(fe2o3_amqp::types::messaging::MessageId::String(id)) => {
+                                    Some(id.clone())
+                                }
+                                _ => None,
+                            }
+                        });
+                        let _ = accepted.send(id.unwrap_or_default());
+                    }
+                    let _ = receiver.close().await;
+                    let _ = session.end().await;
+                    let _ = connection.close().await;
+                    anyhow::Ok(())
+                });
+            (None, Some(native))
+        }
+    };
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let publishing = {
         let (url, queue, sent) = (broker.url.clone(), queue.clone(), sent.clone());
         tokio::spawn(async move {
-            let mut client = Client::connect(&url).await?;
+            let mut connection = bench::native_connection(&url).await?;
+            let mut session = Session::begin(&mut connection).await?;
+            let mut sender =
+                Sender::attach(&mut session, unique("latency"), queue.as_str()).await?;
+            let started = Instant::now();
             let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            let mut answers = Vec::with_capacity(n);
             for i in 0..n {
                 tick.tick().await;
                 let id = format!("{queue}.{i}");
                 sent.lock()
                     .expect("sent")
                     .insert(id.clone(), Instant::now());
-                client
-                    .publish_raw(&queue, message(id).encode()?.to_vec())
-                    .await?;
+                answers.push(sender.send_payload_batchable(message(id).encode()?).await?);
             }
-            client.close().await;
-            anyhow::Ok(())
+            let kept = n as f64 / started.elapsed().as_secs_f64();
+            for answer in answers {
+                answer.await?;
+            }
+            let _ = sender.close().await;
+            let _ = session.end().await;
+            let _ = connection.close().await;
+            anyhow::Ok(kept)
         })
     };
     let mut latencies = Vec::with_capacity(n);
     while latencies.len() < n {
-        if let Event::Handled(h) = events.recv().await? {
-            let at = h
-                .message_id
-                .and_then(|id| sent.lock().expect("sent").remove(&id));
-            if let Some(at) = at {
-                latencies.push(at.elapsed());
-            }
+        let id = accepts
+            .recv()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("the consumer stopped"))?;
+        if let Some(at) = sent.lock().expect("sent").remove(&id) {
+            latencies.push(at.elapsed());
         }
     }
-    publishing.await??;
-    host.stop().await?;
+    let rate = publishing.await??;
+    if let Some(host) = host {
+        host.stop().await?;
+    }
+    if let Some(native) = native {
+        native.await??;
+    }
     latencies.sort();
-    Ok((latencies[n / 2], latencies[n * 99 / 100]))
+    Ok(Latency {
+        rate,
+        p50: latencies[n / 2],
+        p99: latencies[n * 99 / 100],
+    })
 }
 
 /// Attach time and resident memory of `mounts` idle mounts, measured in a
@@ -390,9 +476,13 @@ async fn main() -> anyhow::Result<()> {
         if only_case.as_deref().is_none_or(|c| c == "tracing") {
             tracing_cost(&broker).await?;
         }
-        let mut best = 0.0f64;
+        // The best rate of each policy of the Rust `ack` handler, for the
+        // latency under load below.
+        let mut best = [0.0f64; 2];
         for (name, module, extra) in cases {
-            if only_case.as_deref().is_some_and(|c| !name.contains(c)) {
+            // `latency` needs the best rate of each policy.
+            let wanted = |c: &str| name.contains(c) || (c == "latency" && module == "ack");
+            if only_case.as_deref().is_some_and(|c| !wanted(c)) {
                 continue;
             }
             if !repo_root()
@@ -404,9 +494,39 @@ async fn main() -> anyhow::Result<()> {
             }
             let measured = wharf_rate(&broker, module, extra, 1, messages(), "").await?;
             if module == "ack" {
-                best = best.max(measured.rate);
+                best[usize::from(!extra.is_empty())] = measured.rate;
             }
             row(name, &measured);
+        }
+        // Each policy's load, and the native loop under the same load.
+        if only_case.as_deref().is_none_or(|c| c == "latency") {
+            println!("\n| consumer | load | published | p50 | p99 |\n|---|---|---|---|---|");
+            for (policy, extra, best) in [
+                ("per-delivery", &[][..], best[0]),
+                ("reuse", &reuse, best[1]),
+            ] {
+                for load in [0.5, 0.9] {
+                    if best == 0.0 {
+                        continue;
+                    }
+                    for (name, consumer) in [
+                        ("native fe2o3 consumer", Consumer::Native),
+                        (
+                            &*format!("wharf, Rust `ack`, {policy}"),
+                            Consumer::Wharf(extra),
+                        ),
+                    ] {
+                        let measured = latency(&broker, consumer, best * load).await?;
+                        println!(
+                            "| {name} | {:.0} % of {best:.0} msg/s ({policy}) | {:.0} msg/s | {:.2} ms | {:.2} ms |",
+                            load * 100.0,
+                            measured.rate,
+                            measured.p50.as_secs_f64() * 1e3,
+                            measured.p99.as_secs_f64() * 1e3
+                        );
+                    }
+                }
+            }
         }
         if only_case.is_some() {
             continue;
@@ -418,13 +538,6 @@ async fn main() -> anyhow::Result<()> {
                 &measured,
             );
         }
-        let (p50, p99) = latency(&broker, best / 2.0).await?;
-        println!(
-            "\nlatency from publish to accept at {:.0} msg/s (half the best wharf rate): p50 {:.2} ms, p99 {:.2} ms",
-            best / 2.0,
-            p50.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3
-        );
         for mounts in [1_000, 10_000] {
             let (took, bytes) = idle(&broker, mounts).await?;
             println!(

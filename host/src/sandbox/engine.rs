@@ -158,6 +158,11 @@ impl Sandbox {
 fn config(pool: Option<(u32, &InstanceSlots)>) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true).epoch_interruption(true);
+    // Names compiled guest functions for `perf` (in /tmp/perf-PID.map), so
+    // a profile of the host shows which handler code the time went to.
+    if std::env::var_os("WHARF_PERFMAP").is_some_and(|v| v == "1") {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     if let Some((instances, slots)) = pool {
         let instances = instances.saturating_add(PROBE_INSTANCES);
         let (memories, tables) = slots.totals();
