@@ -4,7 +4,7 @@ use fe2o3_amqp_types::{
     definitions::{self, ConnectionError},
     performatives::Disposition,
 };
-use tokio::sync::{mpsc::Sender, oneshot};
+use tokio::sync::oneshot;
 
 use crate::{
     connection::AllocSessionError,
@@ -26,7 +26,7 @@ pub(crate) enum ConnectionControl {
     // Open,
     Close(Option<definitions::Error>),
     AllocateSession {
-        tx: Sender<SessionIncomingItem>,
+        tx: crate::util::boxed::Sender<SessionIncomingItem>,
         responder: oneshot::Sender<Result<OutgoingChannel, AllocSessionError>>,
     },
     DeallocateSession(OutgoingChannel),

@@ -414,7 +414,7 @@ impl Supervised for SupervisedMount {
     async fn attach(&mut self) -> Result<AttachedMount, String> {
         match self.first.take() {
             Some(attached) => Ok(attached),
-            None => self.spec.attach(&self.pool).await.map_err(|e| {
+            None => Box::pin(self.spec.attach(&self.pool)).await.map_err(|e| {
                 self.permanent = e.is_permanent();
                 e.to_string()
             }),
@@ -423,8 +423,9 @@ impl Supervised for SupervisedMount {
 
     async fn run(&mut self, attached: AttachedMount) -> Option<String> {
         self.permanent = false;
-        attached
-            .run(self.stop.clone())
+        // Boxed, as is the attach: the mount's task then holds only the
+        // state it is in, not room for both.
+        Box::pin(attached.run(self.stop.clone()))
             .await
             .err()
             .map(|e| e.to_string())

@@ -513,7 +513,7 @@ impl endpoint::Connection for ListenerConnection {
     #[inline]
     fn allocate_session(
         &mut self,
-        tx: mpsc::Sender<crate::session::frame::SessionIncomingItem>,
+        tx: crate::util::boxed::Sender<crate::session::frame::SessionIncomingItem>,
     ) -> Result<OutgoingChannel, Self::AllocError> {
         self.connection.allocate_session(tx)
     }
@@ -664,7 +664,7 @@ impl endpoint::Connection for ListenerConnection {
     fn session_tx_by_incoming_channel(
         &mut self,
         channel: IncomingChannel,
-    ) -> Option<&mpsc::Sender<crate::session::frame::SessionIncomingItem>> {
+    ) -> Option<&crate::util::boxed::Sender<crate::session::frame::SessionIncomingItem>> {
         self.connection.session_tx_by_incoming_channel(channel)
     }
 }

@@ -144,7 +144,7 @@ where
         };
 
         // Create channels for Session-Link communication
-        let (incoming_tx, mut incoming_rx) = mpsc::channel::<LinkIncomingItem>(shared.buffer_size);
+        let (incoming_tx, mut incoming_rx) = crate::util::boxed::channel::<LinkIncomingItem>(shared.buffer_size);
 
         // Create shared flow state
         let flow_state_inner = LinkFlowStateInner {

@@ -42,7 +42,7 @@ pub struct IncomingSession {
     /// session is fully accepted), this field carries the receiver end of
     /// the channel. `accept_incoming_session` will use it instead of
     /// creating a new one.
-    pub(crate) incoming_rx: Option<mpsc::Receiver<SessionIncomingItem>>,
+    pub(crate) incoming_rx: Option<crate::util::boxed::Receiver<SessionIncomingItem>>,
 
     /// Pre-allocated outgoing channel.
     ///

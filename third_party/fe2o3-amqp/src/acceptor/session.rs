@@ -361,7 +361,7 @@ where
         conn_control: mpsc::Sender<ConnectionControl>,
         session: S,
         control: mpsc::Receiver<SessionControl>,
-        incoming: mpsc::Receiver<SessionIncomingItem>,
+        incoming: crate::util::boxed::Receiver<SessionIncomingItem>,
         outgoing: mpsc::Sender<SessionFrame>,
         outgoing_link_frames: mpsc::Receiver<LinkFrame>,
     ) -> Result<Self, BeginError> {

@@ -58,7 +58,7 @@ pub const DEFAULT_MAX_FRAME_SIZE: u32 = 256 * 1024;
 /// This value is taken from `AmqpNetLite`
 pub const DEFAULT_CHANNEL_MAX: u16 = 255;
 
-type SessionRelay = Arc<Sender<SessionIncomingItem>>;
+type SessionRelay = Arc<crate::util::boxed::Sender<SessionIncomingItem>>;
 
 /// Why the connection stopped, shared with the sessions so they can derive
 /// the reason their links observe.
@@ -260,7 +260,7 @@ impl<R> ConnectionHandle<R> {
     /// Allocte (channel, session_id) for a new session
     pub(crate) async fn allocate_session(
         &mut self,
-        tx: Sender<SessionIncomingItem>,
+        tx: crate::util::boxed::Sender<SessionIncomingItem>,
     ) -> Result<OutgoingChannel, AllocSessionError> {
         let (responder, resp_rx) = oneshot::channel();
         self.control
@@ -629,7 +629,7 @@ impl endpoint::Connection for Connection {
 
     fn allocate_session(
         &mut self,
-        tx: Sender<SessionIncomingItem>,
+        tx: crate::util::boxed::Sender<SessionIncomingItem>,
     ) -> Result<OutgoingChannel, Self::AllocError> {
         match &self.local_state {
             // The connection has not been opened yet
@@ -870,7 +870,7 @@ impl endpoint::Connection for Connection {
     fn session_tx_by_incoming_channel(
         &mut self,
         incoming_channel: IncomingChannel,
-    ) -> Option<&Sender<SessionIncomingItem>> {
+    ) -> Option<&crate::util::boxed::Sender<SessionIncomingItem>> {
         self.session_by_incoming_channel
             .get(&incoming_channel)
             .map(AsRef::as_ref)
@@ -948,7 +948,7 @@ mod tests {
     fn allocate_session_distinguishes_not_opened_from_stopped() {
         // Not opened yet
         let mut connection = Connection::new(ConnectionState::Start, test_open());
-        let (tx, _rx) = mpsc::channel::<SessionIncomingItem>(8);
+        let (tx, _rx) = crate::util::boxed::channel::<SessionIncomingItem>(8);
         assert!(matches!(
             connection.allocate_session(tx),
             Err(AllocSessionError::ConnectionNotOpened)
@@ -957,7 +957,7 @@ mod tests {
         // Closing/closed (no stop reason recorded yet, so the defensive
         // `Closed` fallback is reported)
         let mut connection = Connection::new(ConnectionState::End, test_open());
-        let (tx, _rx) = mpsc::channel::<SessionIncomingItem>(8);
+        let (tx, _rx) = crate::util::boxed::channel::<SessionIncomingItem>(8);
         assert!(matches!(
             connection.allocate_session(tx),
             Err(AllocSessionError::ConnectionStopped(

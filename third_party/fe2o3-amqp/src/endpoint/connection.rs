@@ -9,7 +9,6 @@ use fe2o3_amqp_types::{
     performatives::{Begin, Close, End, Open},
 };
 use futures_util::Sink;
-use tokio::sync::mpsc;
 
 use crate::{
     connection::ConnectionStopReason, frames::amqp::Frame, session::frame::SessionIncomingItem,
@@ -42,7 +41,7 @@ pub(crate) trait Connection {
     // Allocate outgoing channel id and session id to a new session
     fn allocate_session(
         &mut self,
-        tx: mpsc::Sender<SessionIncomingItem>,
+        tx: crate::util::boxed::Sender<SessionIncomingItem>,
     ) -> Result<OutgoingChannel, Self::AllocError>;
     // Remove outgoing id and session id association
     fn deallocate_session(&mut self, outgoing_channel: OutgoingChannel);
@@ -111,5 +110,5 @@ pub(crate) trait Connection {
     fn session_tx_by_incoming_channel(
         &mut self,
         incoming_channel: IncomingChannel,
-    ) -> Option<&mpsc::Sender<SessionIncomingItem>>;
+    ) -> Option<&crate::util::boxed::Sender<SessionIncomingItem>>;
 }

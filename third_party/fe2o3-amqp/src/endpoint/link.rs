@@ -124,7 +124,7 @@ pub(crate) trait LinkExt: Link {
     async fn exchange_attach(
         &mut self,
         writer: &mpsc::Sender<LinkFrame>,
-        reader: &mut mpsc::Receiver<LinkFrame>,
+        reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<Self::AttachExchange, Self::AttachError>;
 
@@ -132,7 +132,7 @@ pub(crate) trait LinkExt: Link {
         &mut self,
         attach_error: Self::AttachError,
         writer: &mpsc::Sender<LinkFrame>,
-        reader: &mut mpsc::Receiver<LinkFrame>,
+        reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         session: &mpsc::Sender<SessionControl>,
     ) -> Self::AttachError;
 }

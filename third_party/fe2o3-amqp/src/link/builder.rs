@@ -8,7 +8,7 @@ use fe2o3_amqp_types::{
     primitives::{Symbol, Ulong},
 };
 use parking_lot::RwLock;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 use crate::{
     connection::DEFAULT_OUTGOING_BUFFER_SIZE,
@@ -559,7 +559,7 @@ where
         session: &mut SessionHandle<R>,
     ) -> Result<SenderInner<SenderLink<T>>, SenderAttachError> {
         let buffer_size = self.buffer_size;
-        let (incoming_tx, mut incoming_rx) = mpsc::channel::<LinkIncomingItem>(self.buffer_size);
+        let (incoming_tx, mut incoming_rx) = crate::util::boxed::channel::<LinkIncomingItem>(self.buffer_size);
         let outgoing = session.outgoing.clone();
         let (producer, consumer) = self.create_flow_state_containers();
         let unsettled = Arc::new(RwLock::new(None));
@@ -674,7 +674,7 @@ where
         // TODO: how to avoid clone?
         let buffer_size = self.buffer_size;
         let credit_mode = self.credit_mode.clone();
-        let (incoming_tx, mut incoming_rx) = mpsc::channel::<LinkIncomingItem>(self.buffer_size);
+        let (incoming_tx, mut incoming_rx) = crate::util::boxed::channel::<LinkIncomingItem>(self.buffer_size);
         let outgoing = session.outgoing.clone();
         let (relay_flow_state, flow_state) = self.create_flow_state_containers();
         let unsettled = Arc::new(RwLock::new(None));

@@ -524,7 +524,7 @@ where
 #[derive(Debug)]
 pub(crate) enum LinkRelay<O> {
     Sender {
-        tx: mpsc::Sender<LinkIncomingItem>,
+        tx: crate::util::boxed::Sender<LinkIncomingItem>,
         output_handle: O,
         // This should be wrapped inside a Producer because the SenderLink
         // needs to consume link credit from LinkFlowState
@@ -533,7 +533,7 @@ pub(crate) enum LinkRelay<O> {
         receiver_settle_mode: ReceiverSettleMode,
     },
     Receiver {
-        tx: mpsc::Sender<LinkIncomingItem>,
+        tx: crate::util::boxed::Sender<LinkIncomingItem>,
         output_handle: O,
         flow_state: ReceiverRelayFlowState,
         unsettled: ArcReceiverUnsettledMap,
@@ -544,7 +544,7 @@ pub(crate) enum LinkRelay<O> {
 
 impl LinkRelay<()> {
     pub fn new_sender(
-        tx: mpsc::Sender<LinkIncomingItem>,
+        tx: crate::util::boxed::Sender<LinkIncomingItem>,
         flow_state: SenderRelayFlowState,
         unsettled: ArcSenderUnsettledMap,
     ) -> Self {
@@ -558,7 +558,7 @@ impl LinkRelay<()> {
     }
 
     pub fn new_receiver(
-        tx: mpsc::Sender<LinkIncomingItem>,
+        tx: crate::util::boxed::Sender<LinkIncomingItem>,
         flow_state: ReceiverRelayFlowState,
         unsettled: ArcReceiverUnsettledMap,
         receiver_settle_mode: ReceiverSettleMode,

@@ -863,7 +863,7 @@ pub(crate) struct ReceiverInner<L: endpoint::ReceiverLink> {
 
     // Outgoing mpsc channel to send the Link Frames
     pub(crate) outgoing: mpsc::Sender<LinkFrame>,
-    pub(crate) incoming: mpsc::Receiver<LinkFrame>,
+    pub(crate) incoming: crate::util::boxed::Receiver<LinkFrame>,
 
     // Wrap in a box to avoid clippy warning large_enum_variant on link acceptor's output
     pub(crate) incomplete_transfer: Option<Box<IncompleteTransfer>>,
@@ -958,7 +958,7 @@ where
         &mut self.link
     }
 
-    fn reader_mut(&mut self) -> &mut mpsc::Receiver<LinkFrame> {
+    fn reader_mut(&mut self) -> &mut crate::util::boxed::Receiver<LinkFrame> {
         &mut self.incoming
     }
 
@@ -966,7 +966,7 @@ where
         self.buffer_size
     }
 
-    fn as_new_link_relay(&self, tx: mpsc::Sender<LinkFrame>) -> LinkRelay<()> {
+    fn as_new_link_relay(&self, tx: crate::util::boxed::Sender<LinkFrame>) -> LinkRelay<()> {
         LinkRelay::Receiver {
             tx,
             output_handle: (),

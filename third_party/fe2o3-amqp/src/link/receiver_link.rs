@@ -896,7 +896,7 @@ where
     async fn exchange_attach(
         &mut self,
         writer: &mpsc::Sender<LinkFrame>,
-        reader: &mut mpsc::Receiver<LinkFrame>,
+        reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<Self::AttachExchange, ReceiverAttachError> {
         // Send out local attach
@@ -921,7 +921,7 @@ where
         &mut self,
         attach_error: ReceiverAttachError,
         writer: &mpsc::Sender<LinkFrame>,
-        reader: &mut mpsc::Receiver<LinkFrame>,
+        reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         session: &mpsc::Sender<SessionControl>,
     ) -> ReceiverAttachError {
         match attach_error {
@@ -985,7 +985,7 @@ where
 
 async fn recv_detach<T>(
     link: &mut ReceiverLink<T>,
-    reader: &mut mpsc::Receiver<LinkFrame>,
+    reader: &mut crate::util::boxed::Receiver<LinkFrame>,
     err: ReceiverAttachError,
 ) -> ReceiverAttachError
 where

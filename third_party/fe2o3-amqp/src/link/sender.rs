@@ -568,7 +568,7 @@ where
 
     // Outgoing mpsc channel to send the Link frames
     pub(crate) outgoing: mpsc::Sender<LinkFrame>,
-    pub(crate) incoming: mpsc::Receiver<LinkFrame>,
+    pub(crate) incoming: crate::util::boxed::Receiver<LinkFrame>,
 }
 
 impl<L> Drop for SenderInner<L>
@@ -684,7 +684,7 @@ where
         &mut self.link
     }
 
-    fn reader_mut(&mut self) -> &mut mpsc::Receiver<LinkFrame> {
+    fn reader_mut(&mut self) -> &mut crate::util::boxed::Receiver<LinkFrame> {
         &mut self.incoming
     }
 
@@ -692,7 +692,7 @@ where
         self.buffer_size
     }
 
-    fn as_new_link_relay(&self, tx: mpsc::Sender<LinkFrame>) -> LinkRelay<()> {
+    fn as_new_link_relay(&self, tx: crate::util::boxed::Sender<LinkFrame>) -> LinkRelay<()> {
         LinkRelay::Sender {
             tx,
             output_handle: (),

@@ -840,7 +840,7 @@ where
     async fn exchange_attach(
         &mut self,
         writer: &mpsc::Sender<LinkFrame>,
-        reader: &mut mpsc::Receiver<LinkFrame>,
+        reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<Self::AttachExchange, SenderAttachError> {
         // Send out local attach
@@ -867,7 +867,7 @@ where
         &mut self,
         attach_error: SenderAttachError,
         writer: &mpsc::Sender<LinkFrame>,
-        reader: &mut mpsc::Receiver<LinkFrame>,
+        reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         session: &mpsc::Sender<SessionControl>,
     ) -> SenderAttachError {
         match attach_error {
@@ -926,7 +926,7 @@ async fn try_detach_with_error<T>(
     link: &mut SenderLink<T>,
     attach_error: SenderAttachError,
     writer: &mpsc::Sender<LinkFrame>,
-    reader: &mut mpsc::Receiver<LinkFrame>,
+    reader: &mut crate::util::boxed::Receiver<LinkFrame>,
 ) -> SenderAttachError
 where
     T: Into<TargetArchetype>
@@ -962,7 +962,7 @@ where
 
 async fn recv_detach<T>(
     link: &mut SenderLink<T>,
-    reader: &mut mpsc::Receiver<LinkFrame>,
+    reader: &mut crate::util::boxed::Receiver<LinkFrame>,
     err: SenderAttachError,
 ) -> SenderAttachError
 where

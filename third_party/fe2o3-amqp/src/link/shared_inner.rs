@@ -22,11 +22,11 @@ where
 
     fn link_mut(&mut self) -> &mut Self::Link;
 
-    fn reader_mut(&mut self) -> &mut mpsc::Receiver<LinkFrame>;
+    fn reader_mut(&mut self) -> &mut crate::util::boxed::Receiver<LinkFrame>;
 
     fn buffer_size(&self) -> usize;
 
-    fn as_new_link_relay(&self, tx: mpsc::Sender<LinkFrame>) -> LinkRelay<()>;
+    fn as_new_link_relay(&self, tx: crate::util::boxed::Sender<LinkFrame>) -> LinkRelay<()>;
 
     fn session_control(&self) -> &mpsc::Sender<SessionControl>;
 
@@ -56,7 +56,7 @@ where
     async fn reallocate_output_handle(
         &mut self,
     ) -> Result<(), <Self::Link as LinkAttach>::AttachError> {
-        let (tx, incoming) = mpsc::channel(self.buffer_size());
+        let (tx, incoming) = crate::util::boxed::channel(self.buffer_size());
         let link_relay = self.as_new_link_relay(tx);
         *self.reader_mut() = incoming;
         let link_name = self.link().name().to_string();

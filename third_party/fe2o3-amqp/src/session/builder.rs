@@ -287,7 +287,7 @@ impl Builder {
             let local_state = SessionState::Unmapped;
             let (session_control_tx, session_control_rx) =
                 mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
-            let (incoming_tx, incoming_rx) = mpsc::channel(self.buffer_size);
+            let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<crate::session::frame::SessionIncomingItem>(self.buffer_size);
             let (outgoing_tx, outgoing_rx) = mpsc::channel(self.buffer_size);
 
             // create session in connection::Engine
@@ -409,7 +409,7 @@ impl Builder {
             let local_state = SessionState::Unmapped;
             let (session_control_tx, session_control_rx) =
                 mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
-            let (incoming_tx, incoming_rx) = mpsc::channel(self.buffer_size);
+            let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<crate::session::frame::SessionIncomingItem>(self.buffer_size);
             let (outgoing_tx, outgoing_rx) = mpsc::channel(self.buffer_size);
 
             // create session in connection::Engine
@@ -478,7 +478,7 @@ impl Builder {
             let local_state = SessionState::Unmapped;
             let (session_control_tx, session_control_rx) =
                 mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
-            let (incoming_tx, incoming_rx) = mpsc::channel(self.buffer_size);
+            let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<crate::session::frame::SessionIncomingItem>(self.buffer_size);
             let (outgoing_tx, outgoing_rx) = mpsc::channel(self.buffer_size);
 
             // create session in connection::Engine

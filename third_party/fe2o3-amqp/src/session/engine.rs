@@ -66,7 +66,7 @@ pub(crate) struct SessionEngine<S: Session> {
     pub conn_control: mpsc::Sender<ConnectionControl>,
     pub session: S,
     pub control: mpsc::Receiver<SessionControl>,
-    pub incoming: mpsc::Receiver<SessionIncomingItem>,
+    pub incoming: crate::util::boxed::Receiver<SessionIncomingItem>,
     pub outgoing: mpsc::Sender<SessionFrame>,
 
     pub outgoing_link_frames: mpsc::Receiver<LinkFrame>,
@@ -81,7 +81,7 @@ where
         conn_control: mpsc::Sender<ConnectionControl>,
         session: S,
         control: mpsc::Receiver<SessionControl>,
-        incoming: mpsc::Receiver<SessionIncomingItem>,
+        incoming: crate::util::boxed::Receiver<SessionIncomingItem>,
         outgoing: mpsc::Sender<SessionFrame>,
         outgoing_link_frames: mpsc::Receiver<LinkFrame>,
     ) -> Result<Self, BeginError> {

@@ -10,6 +10,7 @@ use std::ops::Deref;
 use std::slice::Iter;
 use std::{pin::Pin, task::Poll, time::Duration};
 
+pub(crate) mod boxed;
 mod consumer;
 mod producer;
 pub use consumer::*;
