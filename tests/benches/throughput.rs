@@ -19,8 +19,10 @@ use std::sync::{Arc, Mutex};
 
 use std::time::{Duration, Instant};
 
+use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::types::messaging::Body;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::messaging::{Body, MessageId};
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Receiver, Sender, Session};
 use wharf::broker::message::AmqpMessage;
@@ -73,26 +75,49 @@ fn per_message(since: Duration, messages: usize) -> Duration {
     cpu_time().saturating_sub(since) / u32::try_from(messages.max(1)).unwrap_or(u32::MAX)
 }
 
+/// The baseline's receiver on `address`: its connection (`TCP_NODELAY`),
+/// session and link, with the same credit as wharf's mounts.
+struct NativeReceiver {
+    connection: ConnectionHandle<()>,
+    session: SessionHandle<()>,
+    receiver: Receiver,
+}
+
+impl NativeReceiver {
+    async fn attach(url: &str, address: &str) -> anyhow::Result<NativeReceiver> {
+        let mut connection = bench::native_connection(url).await?;
+        let mut session = Session::begin(&mut connection).await?;
+        let receiver = Receiver::builder()
+            .name(unique("native"))
+            .source(address)
+            .credit_mode(CreditMode::Auto(CREDIT))
+            .attach(&mut session)
+            .await?;
+        Ok(NativeReceiver {
+            connection,
+            session,
+            receiver,
+        })
+    }
+
+    async fn close(mut self) {
+        let _ = self.receiver.close().await;
+        let _ = self.session.end().await;
+        let _ = self.connection.close().await;
+    }
+}
+
 /// The baseline: receive and accept every message, nothing else.
 async fn native(url: &str, address: &str, n: usize) -> anyhow::Result<Measured> {
-    let mut connection = bench::native_connection(url).await?;
-    let mut session = Session::begin(&mut connection).await?;
-    let mut receiver = Receiver::builder()
-        .name(unique("native"))
-        .source(address)
-        .credit_mode(CreditMode::Auto(CREDIT))
-        .attach(&mut session)
-        .await?;
+    let mut native = NativeReceiver::attach(url, address).await?;
     let (started, cpu) = (Instant::now(), cpu_time());
     for _ in 0..n {
-        let delivery = receiver.recv::<Body<Value>>().await?;
-        receiver.accept(&delivery).await?;
+        let delivery = native.receiver.recv::<Body<Value>>().await?;
+        native.receiver.accept(&delivery).await?;
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     let cpu_per_message = per_message(cpu, n);
-    let _ = receiver.close().await;
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    native.close().await;
     Ok(Measured {
         rate,
         cpu_per_message,
@@ -263,32 +288,21 @@ async fn latency(broker: &Broker, consumer: Consumer<'_>, rate: f64) -> anyhow::
             (Some(host), None)
         }
         Consumer::Native => {
-            let mut connection = bench::native_connection(&broker.url).await?;
-            let mut session = Session::begin(&mut connection).await?;
-            let mut receiver = Receiver::builder()
-                .name(unique("native"))
-                .source(queue.as_str())
-                .credit_mode(CreditMode::Auto(CREDIT))
-                .attach(&mut session)
-                .await?;
+            let mut native = NativeReceiver::attach(&broker.url, &queue).await?;
             let native =
                 tokio::spawn(async move {
                     for _ in 0..n {
-                        let delivery = receiver.recv::<Body<Value>>().await?;
-                        receiver.accept(&delivery).await?;
+                        let delivery = native.receiver.recv::<Body<Value>>().await?;
+                        native.receiver.accept(&delivery).await?;
                         let id = delivery.message().properties.as_ref().and_then(|p| {
                             match &p.message_id {
-                                Some(fe2o3_amqp::types::messaging::MessageId::String(id)) => {
-                                    Some(id.clone())
-                                }
+                                Some(MessageId::String(id)) => Some(id.clone()),
                                 _ => None,
                             }
                         });
                         let _ = accepted.send(id.unwrap_or_default());
                     }
-                    let _ = receiver.close().await;
-                    let _ = session.end().await;
-                    let _ = connection.close().await;
+                    native.close().await;
                     anyhow::Ok(())
                 });
             (None, Some(native))
