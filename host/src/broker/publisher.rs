@@ -45,7 +45,8 @@ struct Request {
 /// attached up front, handlers' outputs to any. Clones share the links.
 #[derive(Clone)]
 pub struct Publisher {
-    requests: mpsc::Sender<Request>,
+    /// Boxed: a channel's first block holds 32 items from its creation.
+    requests: mpsc::Sender<Box<Request>>,
     transactions: Option<Transactions>,
     publish_timeout: Duration,
 }
@@ -145,21 +146,15 @@ impl Publisher {
             None => (None, None),
         };
         let (requests, inbox) = mpsc::channel(256);
-        let mut workers = Workers {
+        let workers = Workers {
             tasks: JoinSet::new(),
             publish_timeout,
             close_timeout,
             failure: failure.clone(),
         };
-        let fixed = senders
-            .into_iter()
-            .map(|(address, sender)| {
-                let worker = workers.start(address.clone(), sender, None);
-                (address, worker)
-            })
-            .collect();
         let dispatcher = Dispatcher {
-            fixed,
+            idle: senders,
+            fixed: HashMap::new(),
             outputs: OutputSession::new(outputs, format!("{link_prefix}/out"), None),
             output_workers: SenderCache::new(),
             session_lost: CancellationToken::new(),
@@ -208,13 +203,13 @@ impl Publisher {
             source,
         };
         let (done, answer) = oneshot::channel();
-        let request = Request {
+        let request = Box::new(Request {
             address: address.to_owned(),
             payload,
             output,
             deadline: Instant::now() + self.publish_timeout,
             done,
-        };
+        });
         self.requests
             .send(request)
             .await
@@ -229,9 +224,14 @@ impl Publisher {
 /// Hands each request to the task of its address, attaching output senders
 /// as addresses are first used.
 struct Dispatcher {
-    fixed: HashMap<String, mpsc::UnboundedSender<Request>>,
+    /// Senders attached up front whose task starts with their first
+    /// publish: most mounts' copy and dead-letter addresses see none for
+    /// long stretches, and an idle task costs kilobytes on every mount of
+    /// a host that runs thousands.
+    idle: HashMap<String, Sender>,
+    fixed: HashMap<String, mpsc::UnboundedSender<Box<Request>>>,
     outputs: OutputSession,
-    output_workers: SenderCache<mpsc::UnboundedSender<Request>>,
+    output_workers: SenderCache<mpsc::UnboundedSender<Box<Request>>>,
     /// Cancelled when an output link failed in a way that may have ended
     /// the outputs' session.
     session_lost: CancellationToken,
@@ -239,7 +239,7 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    async fn serve(mut self, mut inbox: mpsc::Receiver<Request>, close: CancellationToken) {
+    async fn serve(mut self, mut inbox: mpsc::Receiver<Box<Request>>, close: CancellationToken) {
         while let Some(request) = next_until_closed(&mut inbox, &close).await {
             if self.workers.failure.happened.is_cancelled() {
                 let _ = request.done.send(Err(PublishFailure::links_down()));
@@ -253,8 +253,8 @@ impl Dispatcher {
                         continue;
                     }
                 }
-            } else if let Some(worker) = self.fixed.get(&request.address) {
-                worker.clone()
+            } else if let Some(worker) = self.fixed_worker(&request.address) {
+                worker
             } else {
                 let _ = request.done.send(Err(PublishFailure::NotSent(
                     "no sender link is attached to this address".to_owned(),
@@ -270,8 +270,21 @@ impl Dispatcher {
         }
         // Every worker answers what it holds, then detaches its link.
         self.fixed.clear();
+        for (address, sender) in self.idle.drain() {
+            drop(self.workers.start(address, sender, None));
+        }
         self.output_workers.drain().for_each(drop);
         self.workers.finish().await;
+    }
+
+    /// The task publishing to `address`, one of those attached up front,
+    /// started now if it was idle.
+    fn fixed_worker(&mut self, address: &str) -> Option<mpsc::UnboundedSender<Box<Request>>> {
+        if let Some((address, sender)) = self.idle.remove_entry(address) {
+            let worker = self.workers.start(address.clone(), sender, None);
+            self.fixed.insert(address, worker);
+        }
+        self.fixed.get(address).cloned()
     }
 
     /// The task publishing outputs to `address`, its sender attached now if
@@ -280,7 +293,7 @@ impl Dispatcher {
         &mut self,
         address: &str,
         deadline: Instant,
-    ) -> Result<mpsc::UnboundedSender<Request>, PublishFailure> {
+    ) -> Result<mpsc::UnboundedSender<Box<Request>>, PublishFailure> {
         if self.session_lost.is_cancelled() {
             self.output_workers.drain().for_each(drop);
             self.outputs.reset();
@@ -335,7 +348,7 @@ impl Workers {
         address: String,
         sender: Sender,
         session_lost: Option<CancellationToken>,
-    ) -> mpsc::UnboundedSender<Request> {
+    ) -> mpsc::UnboundedSender<Box<Request>> {
         let (requests, inbox) = mpsc::unbounded_channel();
         let worker = Worker {
             address,
@@ -364,7 +377,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn serve(mut self, mut inbox: mpsc::UnboundedReceiver<Request>) {
+    async fn serve(mut self, mut inbox: mpsc::UnboundedReceiver<Box<Request>>) {
         let mut waiting = JoinSet::new();
         while let Some(request) = inbox.recv().await {
             let Request {
@@ -372,7 +385,7 @@ impl Worker {
                 deadline,
                 done,
                 ..
-            } = request;
+            } = *request;
             let sent =
                 tokio::time::timeout_at(deadline, self.sender.send_payload_batchable(payload))
                     .await;

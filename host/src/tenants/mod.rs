@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{AdminServer, Health, Metrics};
 use crate::config::Config;
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
-use crate::sandbox::{CallLimits, Instances, LoadError, LogTags, Module, Sandbox, TenantShare};
+use crate::sandbox::{
+    CallLimits, Instances, LoadError, LogTags, Module, Owners, Sandbox, TenantShare,
+};
 use crate::telemetry::{Exporter, Settings, Telemetry};
 use control::{Command, Control};
 
@@ -213,6 +215,7 @@ async fn probe_modules(
     modules: &[Module],
 ) -> Result<(), Vec<MountError<LoadError>>> {
     let mut errors = Vec::new();
+    let owners: Owners = config.address_owners().into();
     for ((tenant, mount), module) in config.mounts().zip(modules) {
         let tags = Arc::new(LogTags {
             tenant: tenant.name.as_str().into(),
@@ -227,7 +230,7 @@ async fn probe_modules(
             mount.instance,
             mount.grants.clone(),
             tags,
-            config.address_owners().into(),
+            owners.clone(),
             TenantShare::new(&tenant.budget),
             sandbox.slots().clone(),
         );

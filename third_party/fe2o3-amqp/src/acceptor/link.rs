@@ -268,7 +268,7 @@ mod tests {
     ) -> ListenerSessionHandle {
         let (_, link_listener) = mpsc::channel::<Attach>(16);
         let (control, _) = mpsc::channel::<SessionControl>(16);
-        let (outgoing, _) = mpsc::channel::<LinkFrame>(16);
+        let (outgoing, _) = crate::util::boxed::channel::<LinkFrame>(16);
         let (outcome_tx, outcome) = oneshot::channel::<Result<(), Error>>();
         drop(outcome_tx);
         let stop_reason_cell = Arc::new(OnceLock::new());

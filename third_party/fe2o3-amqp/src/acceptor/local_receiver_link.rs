@@ -112,7 +112,7 @@ where
         shared: &SharedLinkAcceptorFields,
         remote_attach: Attach,
         control: mpsc::Sender<SessionControl>,
-        outgoing: mpsc::Sender<LinkFrame>,
+        outgoing: crate::util::boxed::Sender<LinkFrame>,
         session_stop_reason: Arc<OnceLock<SessionStopReason>>,
         max_frame_size: usize,
     ) -> Result<ReceiverInner<ReceiverLink<T>>, ReceiverAttachError>

@@ -168,12 +168,12 @@ impl SessionAcceptor {
         async fn launch_listener_session_engine<R>(
             &self,
             listener_session: ListenerSession,
-            _control_link_outgoing: &mpsc::Sender<LinkFrame>,
+            _control_link_outgoing: &crate::util::boxed::Sender<LinkFrame>,
             connection: &crate::connection::ConnectionHandle<R>,
             _session_control_tx: &mpsc::Sender<SessionControl>,
             session_control_rx: mpsc::Receiver<SessionControl>,
             incoming: mpsc::Receiver<SessionFrame>,
-            outgoing_link_frames: mpsc::Receiver<LinkFrame>,
+            outgoing_link_frames: crate::util::boxed::Receiver<LinkFrame>,
         ) -> Result<(JoinHandle<()>, oneshot::Receiver<Result<(), Error>>), BeginError> {
             let engine = SessionEngine::begin_listener_session(
                 connection.control.clone(),
@@ -193,12 +193,12 @@ impl SessionAcceptor {
         async fn launch_listener_session_engine<R>(
             &self,
             listener_session: ListenerSession,
-            control_link_outgoing: &mpsc::Sender<LinkFrame>,
+            control_link_outgoing: &crate::util::boxed::Sender<LinkFrame>,
             connection: &crate::connection::ConnectionHandle<R>,
             session_control_tx: &mpsc::Sender<SessionControl>,
             session_control_rx: mpsc::Receiver<SessionControl>,
             incoming: mpsc::Receiver<SessionFrame>,
-            outgoing_link_frames: mpsc::Receiver<LinkFrame>,
+            outgoing_link_frames: crate::util::boxed::Receiver<LinkFrame>,
         ) -> Result<(JoinHandle<()>, oneshot::Receiver<Result<(), Error>>), BeginError> {
             match self.0.control_link_acceptor.clone() {
                 Some(control_link_acceptor) => {
@@ -247,7 +247,7 @@ impl SessionAcceptor {
         let local_state = SessionState::Unmapped;
         let (session_control_tx, session_control_rx) =
             mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
-        let (outgoing_tx, outgoing_rx) = mpsc::channel(self.0.buffer_size);
+        let (outgoing_tx, outgoing_rx) = crate::util::boxed::channel(self.0.buffer_size);
         let (link_listener_tx, link_listener_rx) = mpsc::channel(self.0.buffer_size);
 
         // If the connection engine pre-allocated the session relay (to handle
@@ -363,7 +363,7 @@ where
         control: mpsc::Receiver<SessionControl>,
         incoming: crate::util::boxed::Receiver<SessionIncomingItem>,
         outgoing: mpsc::Sender<SessionFrame>,
-        outgoing_link_frames: mpsc::Receiver<LinkFrame>,
+        outgoing_link_frames: crate::util::boxed::Receiver<LinkFrame>,
     ) -> Result<Self, BeginError> {
         #[cfg(feature = "tracing")]
         tracing::trace!("Instantiating session engine");

@@ -335,7 +335,7 @@ where
     /// `tokio::mpsc::Sender`, which is cancel safe.
     pub(crate) async fn send_attach_inner(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<(), SendAttachErrorKind> {
         // Create Attach frame
@@ -444,7 +444,7 @@ where
     #[cfg_attr(feature = "tracing", tracing::instrument(skip_all))]
     async fn send_detach(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         closed: bool,
         error: Option<definitions::Error>,
     ) -> Result<(), Self::DetachError> {
@@ -955,8 +955,8 @@ pub(crate) mod test_util {
     /// Returns `(saw_attach, detaches)`.
     pub(crate) async fn drive_simultaneous_detach_race(
         mut session_rx: mpsc::Receiver<SessionControl>,
-        mut outgoing_rx: mpsc::Receiver<LinkFrame>,
-        initial_incoming_tx: mpsc::Sender<LinkFrame>,
+        mut outgoing_rx: crate::util::boxed::Receiver<LinkFrame>,
+        initial_incoming_tx: crate::util::boxed::Sender<LinkFrame>,
         peer_attach: Attach,
     ) -> (bool, usize) {
         let mut incoming_tx = initial_incoming_tx;
@@ -1031,12 +1031,12 @@ pub(crate) mod test_util {
     ) -> (
         ReceiverInner<ReceiverLink<Target>>,
         mpsc::Receiver<SessionControl>,
-        mpsc::Receiver<LinkFrame>,
-        mpsc::Sender<LinkFrame>,
+        crate::util::boxed::Receiver<LinkFrame>,
+        crate::util::boxed::Sender<LinkFrame>,
     ) {
         let (session_tx, session_rx) = mpsc::channel::<SessionControl>(16);
-        let (outgoing_tx, outgoing_rx) = mpsc::channel::<LinkFrame>(16);
-        let (incoming_tx, incoming_rx) = mpsc::channel::<LinkFrame>(16);
+        let (outgoing_tx, outgoing_rx) = crate::util::boxed::channel::<LinkFrame>(16);
+        let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(RwLock::new(None));
         let link = ReceiverLink::<Target> {
             role: PhantomData,

@@ -653,7 +653,7 @@ impl Receiver {
 /// Cloning a `ReceiverDisposer` is cheap: all internal state is reference-counted.
 #[derive(Clone, Debug)]
 pub struct ReceiverDisposer {
-    outgoing: mpsc::Sender<LinkFrame>,
+    outgoing: crate::util::boxed::Sender<LinkFrame>,
     unsettled: ArcReceiverUnsettledMap,
     rcv_settle_mode: ReceiverSettleMode,
     flow_state: ReceiverFlowState,
@@ -862,7 +862,7 @@ pub(crate) struct ReceiverInner<L: endpoint::ReceiverLink> {
     pub(crate) session: mpsc::Sender<SessionControl>,
 
     // Outgoing mpsc channel to send the Link Frames
-    pub(crate) outgoing: mpsc::Sender<LinkFrame>,
+    pub(crate) outgoing: crate::util::boxed::Sender<LinkFrame>,
     pub(crate) incoming: crate::util::boxed::Receiver<LinkFrame>,
 
     // Wrap in a box to avoid clippy warning large_enum_variant on link acceptor's output
@@ -2072,7 +2072,7 @@ mod tests {
     use crate::link::test_util::{make_flow_state, make_receiver_inner_with_channels};
 
     fn make_disposer(
-        tx: mpsc::Sender<LinkFrame>,
+        tx: crate::util::boxed::Sender<LinkFrame>,
         unsettled: ArcReceiverUnsettledMap,
         credit_mode: CreditMode,
     ) -> ReceiverDisposer {
@@ -2107,7 +2107,7 @@ mod tests {
 
     #[tokio::test]
     async fn accept_sends_disposition_frame() {
-        let (tx, mut rx) = mpsc::channel::<LinkFrame>(16);
+        let (tx, mut rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         seed_unsettled(&unsettled, &[vec![0x01]]);
 
@@ -2130,7 +2130,7 @@ mod tests {
 
     #[tokio::test]
     async fn release_sends_released_disposition() {
-        let (tx, mut rx) = mpsc::channel::<LinkFrame>(16);
+        let (tx, mut rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         seed_unsettled(&unsettled, &[vec![0x02]]);
 
@@ -2152,7 +2152,7 @@ mod tests {
 
     #[tokio::test]
     async fn accept_removes_from_unsettled_map() {
-        let (tx, _rx) = mpsc::channel::<LinkFrame>(16);
+        let (tx, _rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         seed_unsettled(&unsettled, &[vec![0x0A], vec![0x0B]]);
 
@@ -2169,7 +2169,7 @@ mod tests {
 
     #[tokio::test]
     async fn processed_counter_increments() {
-        let (tx, _rx) = mpsc::channel::<LinkFrame>(16);
+        let (tx, _rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         seed_unsettled(&unsettled, &[vec![1], vec![2], vec![3]]);
 
@@ -2195,7 +2195,7 @@ mod tests {
     async fn auto_credit_refresh_sends_flow_frame() {
         // Auto(10) → triggers refresh after 5 dispositions
         let max_credit = 10u32;
-        let (tx, mut rx) = mpsc::channel::<LinkFrame>(32);
+        let (tx, mut rx) = crate::util::boxed::channel::<LinkFrame>(32);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         let tags: Vec<Vec<u8>> = (1..=5).map(|i| vec![i]).collect();
         seed_unsettled(&unsettled, &tags);
@@ -2289,7 +2289,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_disposition_for_unknown_delivery_tag() {
-        let (tx, mut rx) = mpsc::channel::<LinkFrame>(16);
+        let (tx, mut rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         seed_unsettled(&unsettled, &[vec![0x01]]);
 
@@ -2307,7 +2307,7 @@ mod tests {
 
     #[tokio::test]
     async fn clone_shares_state() {
-        let (tx, _rx) = mpsc::channel::<LinkFrame>(16);
+        let (tx, _rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         seed_unsettled(&unsettled, &[vec![1], vec![2]]);
 
@@ -2329,7 +2329,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_accepts_are_safe() {
-        let (tx, mut rx) = mpsc::channel::<LinkFrame>(1024);
+        let (tx, mut rx) = crate::util::boxed::channel::<LinkFrame>(1024);
         let unsettled: ArcReceiverUnsettledMap = Arc::new(parking_lot::RwLock::new(None));
         let tags: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i]).collect();
         seed_unsettled(&unsettled, &tags);
@@ -2435,8 +2435,8 @@ mod tests {
     /// expected condition, answer it, and return the error `recv()` produced.
     async fn recv_expecting_fatal_close(
         inner: &mut ReceiverInner<ReceiverLink<Target>>,
-        outgoing_rx: &mut mpsc::Receiver<LinkFrame>,
-        incoming_tx: &mpsc::Sender<LinkFrame>,
+        outgoing_rx: &mut crate::util::boxed::Receiver<LinkFrame>,
+        incoming_tx: &crate::util::boxed::Sender<LinkFrame>,
         expected_condition: definitions::ErrorCondition,
     ) -> RecvError {
         let (result, ()) = tokio::join!(inner.recv::<String>(), async {
@@ -2490,7 +2490,7 @@ mod tests {
 
     fn make_session_handle(max_frame_size: usize) -> SessionHandle<()> {
         let (control, _control_rx) = mpsc::channel::<SessionControl>(16);
-        let (outgoing_tx, _outgoing_rx) = mpsc::channel::<LinkFrame>(16);
+        let (outgoing_tx, _outgoing_rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let (outcome_tx, outcome) = oneshot::channel::<Result<(), crate::session::error::Error>>();
         drop(outcome_tx);
         SessionHandle {

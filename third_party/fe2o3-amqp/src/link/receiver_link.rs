@@ -44,7 +44,7 @@ where
     /// This is cancel safe because it only `.await` on sending over a `tokio::mpsc::Sender`
     async fn send_flow(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         link_credit: Option<u32>,
         drain: Option<bool>,
         echo: bool,
@@ -274,7 +274,7 @@ where
     /// This is cancel safe because it only `.await` on sending over `tokio::mpsc::Sender`
     async fn dispose(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         delivery_info: DeliveryInfo,
         settled: Option<bool>,
         state: DeliveryState,
@@ -341,7 +341,7 @@ where
     /// This is cancel safe because all internal `.await` points are cancel safe
     async fn dispose_all(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         mut delivery_infos: Vec<DeliveryInfo>,
         settled: Option<bool>,
         state: DeliveryState,
@@ -445,7 +445,7 @@ impl ReceiverLink<Target> {
         /// Set and send flow state
         pub(crate) fn blocking_send_flow(
             &mut self,
-            writer: &mpsc::Sender<LinkFrame>,
+            writer: &crate::util::boxed::Sender<LinkFrame>,
             link_credit: Option<u32>,
             drain: Option<bool>,
             echo: bool,
@@ -513,7 +513,7 @@ impl<T> ReceiverLink<T> {
     /// This is cancel safe because it only `.await` on sending over a `tokio::mpsc::Sender`
     async fn dispose_consecutive(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         consecutive_infos: &[DeliveryInfo],
         settled: Option<bool>,
         state: DeliveryState,
@@ -807,7 +807,7 @@ where
     /// both of which are cancel safe.
     async fn send_attach(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<(), Self::AttachError> {
         self.send_attach_inner(writer, is_reattaching).await?;
@@ -895,7 +895,7 @@ where
     /// and on `tokio::sync::mpsc::Receiver::recv`, both of which are cancel safe.
     async fn exchange_attach(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<Self::AttachExchange, ReceiverAttachError> {
@@ -920,7 +920,7 @@ where
     async fn handle_attach_error(
         &mut self,
         attach_error: ReceiverAttachError,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         session: &mpsc::Sender<SessionControl>,
     ) -> ReceiverAttachError {

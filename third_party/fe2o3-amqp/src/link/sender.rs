@@ -567,7 +567,7 @@ where
     pub(crate) session: mpsc::Sender<SessionControl>,
 
     // Outgoing mpsc channel to send the Link frames
-    pub(crate) outgoing: mpsc::Sender<LinkFrame>,
+    pub(crate) outgoing: crate::util::boxed::Sender<LinkFrame>,
     pub(crate) incoming: crate::util::boxed::Receiver<LinkFrame>,
 }
 
@@ -1354,12 +1354,12 @@ mod tests {
     ) -> (
         SenderInner<SenderLink<Target>>,
         mpsc::Receiver<SessionControl>,
-        mpsc::Receiver<LinkFrame>,
-        mpsc::Sender<LinkFrame>,
+        crate::util::boxed::Receiver<LinkFrame>,
+        crate::util::boxed::Sender<LinkFrame>,
     ) {
         let (session_tx, session_rx) = mpsc::channel::<SessionControl>(16);
-        let (outgoing_tx, outgoing_rx) = mpsc::channel::<LinkFrame>(16);
-        let (incoming_tx, incoming_rx) = mpsc::channel::<LinkFrame>(16);
+        let (outgoing_tx, outgoing_rx) = crate::util::boxed::channel::<LinkFrame>(16);
+        let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<LinkFrame>(16);
 
         let flow_state_inner = LinkFlowStateInner {
             initial_delivery_count: 0,
@@ -1431,7 +1431,7 @@ mod tests {
 
     fn make_session_handle(max_frame_size: usize) -> SessionHandle<()> {
         let (control, _control_rx) = mpsc::channel::<SessionControl>(16);
-        let (outgoing_tx, _outgoing_rx) = mpsc::channel::<LinkFrame>(16);
+        let (outgoing_tx, _outgoing_rx) = crate::util::boxed::channel::<LinkFrame>(16);
         let (outcome_tx, outcome) = oneshot::channel::<Result<(), crate::session::error::Error>>();
         drop(outcome_tx);
         SessionHandle {
@@ -1553,8 +1553,8 @@ mod tests {
 
     /// A channel to the session with no room left, so a hand-over stays pending until the
     /// session takes the frame in front of it.
-    async fn full_session_channel() -> (mpsc::Sender<LinkFrame>, mpsc::Receiver<LinkFrame>) {
-        let (writer, session) = mpsc::channel::<LinkFrame>(1);
+    async fn full_session_channel() -> (crate::util::boxed::Sender<LinkFrame>, crate::util::boxed::Receiver<LinkFrame>) {
+        let (writer, session) = crate::util::boxed::channel::<LinkFrame>(1);
         let placeholder = Detach {
             handle: fe2o3_amqp_types::definitions::Handle(1),
             closed: false,
@@ -1631,7 +1631,7 @@ mod tests {
     async fn a_send_that_fails_withdraws_its_delivery() {
         let inner = sendable_sender();
         let link = &inner.link;
-        let (writer, session) = mpsc::channel::<LinkFrame>(1);
+        let (writer, session) = crate::util::boxed::channel::<LinkFrame>(1);
         drop(session);
         let tag = DeliveryTag::from(b"tag0".to_vec());
         let transfer = link
@@ -1746,7 +1746,7 @@ mod tests {
         remote_attach.unsettled = Some(remote_unsettled);
 
         let driver = async move {
-            let mut incoming_tx: Option<mpsc::Sender<LinkFrame>> = None;
+            let mut incoming_tx: Option<crate::util::boxed::Sender<LinkFrame>> = None;
             let mut attaches = 0usize;
             let mut detaches = 0usize;
             let mut saw_abort = false;
@@ -1848,7 +1848,7 @@ mod tests {
             batchable: false,
         };
         let payload = Payload::from(vec![0u8; 2000]);
-        let (writer, mut outgoing_rx) = mpsc::channel::<LinkFrame>(64);
+        let (writer, mut outgoing_rx) = crate::util::boxed::channel::<LinkFrame>(64);
 
         let settled = inner
             .link

@@ -44,7 +44,7 @@ where
     /// handed over.
     pub(crate) async fn send_unsettled_transfer(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         transfer: Transfer,
         payload: Payload,
         delivery_tag: DeliveryTag,
@@ -69,7 +69,7 @@ where
     /// This is cancel safe because all internal `.await` are cancel safe
     pub(crate) async fn send_transfer_without_modifying_unsettled_map(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         mut transfer: Transfer,
         mut payload: Payload,
     ) -> Result<bool, LinkStateError> {
@@ -305,7 +305,7 @@ where
 
     async fn send_payload<Fut>(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         detached: Fut,
         payload: Payload,
         message_format: MessageFormat,
@@ -337,7 +337,7 @@ where
     /// This is cancel safe because all internal `.await` are cancel safe
     async fn send_payload_with_transfer(
         &self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         message_format: MessageFormat,
         transfer: Transfer,
         payload: Payload,
@@ -368,7 +368,7 @@ where
 
     async fn dispose(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         delivery_id: DeliveryNumber,
         delivery_tag: DeliveryTag,
         settled: bool,
@@ -404,7 +404,7 @@ where
 
     async fn batch_dispose(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         mut ids_and_tags: Vec<(DeliveryNumber, DeliveryTag)>,
         settled: bool,
         state: DeliveryState,
@@ -495,7 +495,7 @@ where
 /// This is cancel safe because it only involves `.await` on sending over `tokio::mpsc::Sender`
 #[inline]
 async fn send_transfer(
-    writer: &mpsc::Sender<LinkFrame>,
+    writer: &crate::util::boxed::Sender<LinkFrame>,
     input_handle: InputHandle,
     transfer: Transfer,
     payload: Payload,
@@ -523,7 +523,7 @@ async fn send_transfer(
 
 #[inline]
 async fn send_disposition(
-    writer: &mpsc::Sender<LinkFrame>,
+    writer: &crate::util::boxed::Sender<LinkFrame>,
     first: DeliveryNumber,
     last: Option<DeliveryNumber>,
     settled: bool,
@@ -755,7 +755,7 @@ where
 
     async fn send_attach(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<(), Self::AttachError> {
         self.send_attach_inner(writer, is_reattaching).await?;
@@ -839,7 +839,7 @@ where
 
     async fn exchange_attach(
         &mut self,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         is_reattaching: bool,
     ) -> Result<Self::AttachExchange, SenderAttachError> {
@@ -866,7 +866,7 @@ where
     async fn handle_attach_error(
         &mut self,
         attach_error: SenderAttachError,
-        writer: &mpsc::Sender<LinkFrame>,
+        writer: &crate::util::boxed::Sender<LinkFrame>,
         reader: &mut crate::util::boxed::Receiver<LinkFrame>,
         session: &mpsc::Sender<SessionControl>,
     ) -> SenderAttachError {
@@ -925,7 +925,7 @@ where
 async fn try_detach_with_error<T>(
     link: &mut SenderLink<T>,
     attach_error: SenderAttachError,
-    writer: &mpsc::Sender<LinkFrame>,
+    writer: &crate::util::boxed::Sender<LinkFrame>,
     reader: &mut crate::util::boxed::Receiver<LinkFrame>,
 ) -> SenderAttachError
 where

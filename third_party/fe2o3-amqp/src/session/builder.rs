@@ -93,7 +93,7 @@ cfg_transaction! {
             pub(crate) fn into_txn_session(
                 self,
                 control: mpsc::Sender<SessionControl>,
-                outgoing: mpsc::Sender<crate::link::LinkFrame>,
+                outgoing: crate::util::boxed::Sender<crate::link::LinkFrame>,
                 outgoing_channel: OutgoingChannel,
                 control_link_acceptor: ControlLinkAcceptor,
                 local_state: SessionState,
@@ -288,7 +288,7 @@ impl Builder {
             let (session_control_tx, session_control_rx) =
                 mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
             let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<crate::session::frame::SessionIncomingItem>(self.buffer_size);
-            let (outgoing_tx, outgoing_rx) = mpsc::channel(self.buffer_size);
+            let (outgoing_tx, outgoing_rx) = crate::util::boxed::channel(self.buffer_size);
 
             // create session in connection::Engine
             let outgoing_channel = match connection.allocate_session(incoming_tx).await {
@@ -410,7 +410,7 @@ impl Builder {
             let (session_control_tx, session_control_rx) =
                 mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
             let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<crate::session::frame::SessionIncomingItem>(self.buffer_size);
-            let (outgoing_tx, outgoing_rx) = mpsc::channel(self.buffer_size);
+            let (outgoing_tx, outgoing_rx) = crate::util::boxed::channel(self.buffer_size);
 
             // create session in connection::Engine
             let outgoing_channel = match connection.allocate_session(incoming_tx).await {
@@ -479,7 +479,7 @@ impl Builder {
             let (session_control_tx, session_control_rx) =
                 mpsc::channel::<SessionControl>(DEFAULT_SESSION_CONTROL_BUFFER_SIZE);
             let (incoming_tx, incoming_rx) = crate::util::boxed::channel::<crate::session::frame::SessionIncomingItem>(self.buffer_size);
-            let (outgoing_tx, outgoing_rx) = mpsc::channel(self.buffer_size);
+            let (outgoing_tx, outgoing_rx) = crate::util::boxed::channel(self.buffer_size);
 
             // create session in connection::Engine
             let outgoing_channel = match connection.allocate_session(incoming_tx).await {

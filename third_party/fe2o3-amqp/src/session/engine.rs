@@ -69,7 +69,7 @@ pub(crate) struct SessionEngine<S: Session> {
     pub incoming: crate::util::boxed::Receiver<SessionIncomingItem>,
     pub outgoing: mpsc::Sender<SessionFrame>,
 
-    pub outgoing_link_frames: mpsc::Receiver<LinkFrame>,
+    pub outgoing_link_frames: crate::util::boxed::Receiver<LinkFrame>,
 }
 
 impl<S> SessionEngine<S>
@@ -83,7 +83,7 @@ where
         control: mpsc::Receiver<SessionControl>,
         incoming: crate::util::boxed::Receiver<SessionIncomingItem>,
         outgoing: mpsc::Sender<SessionFrame>,
-        outgoing_link_frames: mpsc::Receiver<LinkFrame>,
+        outgoing_link_frames: crate::util::boxed::Receiver<LinkFrame>,
     ) -> Result<Self, BeginError> {
         let mut engine = Self {
             conn_control,

@@ -73,7 +73,7 @@ pub struct SessionHandle<R> {
     pub(crate) outcome: oneshot::Receiver<Result<(), Error>>,
 
     // outgoing for Link
-    pub(crate) outgoing: mpsc::Sender<LinkFrame>,
+    pub(crate) outgoing: crate::util::boxed::Sender<LinkFrame>,
     /// Why the session (or its connection) stopped, shared with the links
     pub(crate) session_stop_reason: Arc<OnceLock<SessionStopReason>>,
     /// The negotiated max frame size (encoder max frame length), shared from

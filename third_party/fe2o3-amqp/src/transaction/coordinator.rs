@@ -72,7 +72,7 @@ impl ControlLinkAcceptor {
         &self,
         remote_attach: Attach,
         control: mpsc::Sender<SessionControl>,
-        outgoing: mpsc::Sender<LinkFrame>,
+        outgoing: crate::util::boxed::Sender<LinkFrame>,
         session_stop_reason: Arc<OnceLock<SessionStopReason>>,
         max_frame_size: usize,
     ) -> Result<TxnCoordinator, ReceiverAttachError> {

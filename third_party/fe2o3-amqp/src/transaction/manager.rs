@@ -26,14 +26,14 @@ pub(crate) trait HandleControlLink {
 /// Transaction manager
 #[derive(Debug)]
 pub(crate) struct TransactionManager {
-    pub control_link_outgoing: mpsc::Sender<LinkFrame>,
+    pub control_link_outgoing: crate::util::boxed::Sender<LinkFrame>,
     pub txns: OrderedMap<TransactionId, ResourceTransaction>,
     pub control_link_acceptor: Arc<ControlLinkAcceptor>,
 }
 
 impl TransactionManager {
     pub(crate) fn new(
-        control_link_outgoing: mpsc::Sender<LinkFrame>,
+        control_link_outgoing: crate::util::boxed::Sender<LinkFrame>,
         control_link_acceptor: ControlLinkAcceptor,
     ) -> Self {
         Self {
