@@ -472,12 +472,17 @@ async fn main() -> anyhow::Result<()> {
             "clocks = true",
             "random = true",
         ];
-        let cases: [(&str, &str, &[&str]); 5] = [
+        let cases: [(&str, &str, &[&str]); 6] = [
             ("wharf, Rust `ack`, per-delivery", "ack", &[]),
             ("wharf, Rust `ack`, reuse", "ack", &reuse),
             (
                 "wharf, JavaScript (StarlingMonkey) `flaky`, reuse",
                 "flaky_js",
+                &reuse,
+            ),
+            (
+                "wharf, JavaScript (QuickJS) `flaky`, reuse",
+                "flaky_js_qjs",
                 &reuse,
             ),
             ("wharf, Python `flaky`, reuse", "flaky_python", &reuse),
