@@ -268,7 +268,8 @@ impl Dispatcher {
                 let _ = request.done.send(Err(PublishFailure::links_down()));
             }
         }
-        // Every worker answers what it holds, then detaches its link.
+        // Every worker answers what it holds, then detaches its link; an
+        // idle sender gets a task only to detach.
         self.fixed.clear();
         for (address, sender) in self.idle.drain() {
             drop(self.workers.start(address, sender, None));
