@@ -222,17 +222,17 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
 }
 
 /// The child process of [`tracing_cost`]: an OTLP collector that prints
-/// its endpoint, serves until its stdin closes, then prints how many spans
-/// it received.
+/// its endpoint, counts the spans it decodes until its stdin closes, then
+/// prints how many it received.
 async fn collector_here() -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt as _;
-    let collector = wharf_tests::collector::Collector::start().await?;
+    let collector = wharf_tests::collector::Collector::start_counting().await?;
     println!("{}", collector.http);
     let mut line = String::new();
     tokio::io::BufReader::new(tokio::io::stdin())
         .read_line(&mut line)
         .await?;
-    println!("{}", collector.spans().len());
+    println!("{}", collector.count());
     Ok(())
 }
 

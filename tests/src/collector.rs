@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,14 +59,28 @@ pub struct Collector {
     pub http: String,
     /// `http://127.0.0.1:<port>` for OTLP over gRPC.
     pub grpc: String,
-    spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    received: Arc<Received>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Collector {
     /// Listens on two free loopback ports.
     pub async fn start() -> anyhow::Result<Collector> {
-        let spans = Arc::new(Mutex::new(Vec::new()));
+        Collector::listen(true).await
+    }
+
+    /// Listens as [`Collector::start`] does, but only counts the spans it
+    /// decodes, as a collector that forwards them elsewhere would spend
+    /// little beyond decoding: for measuring what exporting costs wharf.
+    pub async fn start_counting() -> anyhow::Result<Collector> {
+        Collector::listen(false).await
+    }
+
+    async fn listen(keep: bool) -> anyhow::Result<Collector> {
+        let spans = Arc::new(Received {
+            keep,
+            ..Received::default()
+        });
         let http = TcpListener::bind("127.0.0.1:0").await?;
         let grpc = TcpListener::bind("127.0.0.1:0").await?;
         let urls = (url(http.local_addr()?), url(grpc.local_addr()?));
@@ -76,14 +91,19 @@ impl Collector {
         Ok(Collector {
             http: urls.0,
             grpc: urls.1,
-            spans,
+            received: spans,
             tasks,
         })
     }
 
-    /// Every span received so far.
+    /// Every span received so far (none when only counting).
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.spans.lock().expect("spans").clone()
+        self.received.spans.lock().expect("spans").clone()
+    }
+
+    /// How many spans were received so far.
+    pub fn count(&self) -> usize {
+        self.received.count.load(Ordering::Relaxed)
     }
 
     /// Waits until `done` holds for the spans received, polling, for at
@@ -108,6 +128,13 @@ impl Collector {
     }
 }
 
+#[derive(Default)]
+struct Received {
+    keep: bool,
+    spans: Mutex<Vec<ReceivedSpan>>,
+    count: AtomicUsize,
+}
+
 impl Drop for Collector {
     fn drop(&mut self) {
         for task in &self.tasks {
@@ -120,7 +147,7 @@ fn url(address: SocketAddr) -> String {
     format!("http://{address}")
 }
 
-async fn serve(listener: TcpListener, spans: Arc<Mutex<Vec<ReceivedSpan>>>, grpc: bool) {
+async fn serve(listener: TcpListener, spans: Arc<Received>, grpc: bool) {
     while let Ok((stream, _)) = listener.accept().await {
         let spans = spans.clone();
         tokio::spawn(async move {
@@ -146,7 +173,7 @@ type Answer = http::Response<http_body_util::combinators::BoxBody<Bytes, std::co
 
 async fn answer(
     request: http::Request<Incoming>,
-    spans: &Mutex<Vec<ReceivedSpan>>,
+    spans: &Received,
     grpc: bool,
 ) -> Result<Answer, hyper::Error> {
     let path = request.uri().path().to_owned();
@@ -165,7 +192,16 @@ async fn answer(
     let decoded = ExportTraceServiceRequest::decode(message);
     let status = match (&decoded, path == expected) {
         (Ok(request), true) => {
-            spans.lock().expect("spans").extend(received(request));
+            let count = request
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            spans.count.fetch_add(count, Ordering::Relaxed);
+            if spans.keep {
+                spans.spans.lock().expect("spans").extend(received(request));
+            }
             200
         }
         _ => 400,

@@ -304,7 +304,7 @@ impl WasiHttpHooks for HttpGate {
             span.set("http.request.method", method());
             span.set("url.full", request.uri().to_string());
             if let Some(host) = request.uri().host() {
-                span.set("server.address", host.to_owned());
+                span.set("server.address", host);
             }
             if let Some(port) = request.uri().port_u16() {
                 span.set("server.port", i64::from(port));

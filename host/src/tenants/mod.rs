@@ -180,10 +180,10 @@ fn start_telemetry(
     let Some(settings) = settings else {
         return Ok((Telemetry::off(), None));
     };
-    let (telemetry, exporter) =
-        Telemetry::start(&settings, metrics.span_counts()).map_err(HostError::Telemetry)?;
+    let (telemetry, exporter) = Telemetry::start(&settings, metrics.span_counts());
     tracing::info!(
-        endpoint = settings.endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"),
+        endpoint = %settings.destination.url,
+        grpc = settings.destination.grpc,
         sampler = %settings.sampler,
         "exporting spans over OTLP"
     );

@@ -49,7 +49,7 @@ impl Peer {
     /// Puts the peer's attributes on `span`.
     pub(crate) fn describe(&self, span: &mut crate::telemetry::Span) {
         span.set("messaging.system", self.system);
-        span.set("server.address", self.address.clone());
+        span.set("server.address", &self.address);
         span.set("server.port", i64::from(self.port));
     }
 }

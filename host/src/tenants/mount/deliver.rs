@@ -71,9 +71,9 @@ pub(super) async fn handle(
     if let Some(span) = &mut process {
         context.peer.describe(span);
         span.set("messaging.operation.type", "process");
-        span.set("messaging.destination.name", spec.config.address.clone());
+        span.set("messaging.destination.name", &spec.config.address);
         if let Some(id) = &message_id {
-            span.set("messaging.message.id", id.clone());
+            span.set("messaging.message.id", id);
         }
         if let Some(id) = message.correlation_id() {
             span.set("messaging.message.conversation_id", id);
@@ -81,8 +81,8 @@ pub(super) async fn handle(
         if let Some(size) = message.body_size() {
             span.set("messaging.message.body.size", size as i64);
         }
-        span.set("wharf.tenant", spec.tags.tenant.clone());
-        span.set("wharf.mount", spec.tags.mount.clone());
+        span.set("wharf.tenant", &*spec.tags.tenant);
+        span.set("wharf.mount", &*spec.tags.mount);
         span.set("wharf.attempt", i64::from(attempt));
     }
     let span = tracing::info_span!(
@@ -163,7 +163,7 @@ pub(super) async fn handle(
             if let Err(failure) = &result {
                 span.fail(failure.kind(), failure.to_string());
             } else if let Some(error) = &settled.error {
-                span.fail("settlement", error.clone());
+                span.fail("settlement", error);
             }
         }
         let carried_out = settled.instead.as_ref().unwrap_or(&plan);

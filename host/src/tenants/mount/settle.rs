@@ -180,7 +180,7 @@ async fn carry_out_plan(
         }
         let sent = settler.settle(arrived.info.clone(), disposition).await;
         if let (Some(span), Err(error)) = (&mut span, &sent) {
-            span.fail("settle", error.clone());
+            span.fail("settle", error);
         }
         Step::Done(Settled {
             disposition: sent.is_ok().then_some(disposition),
@@ -412,7 +412,7 @@ fn send_span(
     if let Some(span) = &mut span {
         context.peer.describe(span);
         span.set("messaging.operation.type", "send");
-        span.set("messaging.destination.name", address.to_owned());
+        span.set("messaging.destination.name", address);
     }
     (trace, span)
 }
@@ -425,7 +425,7 @@ fn sent(span: Option<Span>, published: &Published) {
             Published::NotSent { .. } => "not_sent",
             _ => "unknown",
         };
-        span.fail(kind, failure.to_owned());
+        span.fail(kind, failure);
     }
 }
 

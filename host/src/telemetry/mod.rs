@@ -7,24 +7,25 @@
 //! absent collector costs deliveries nothing. Off, every call here is a
 //! branch on `None`.
 
-use std::borrow::Cow;
+mod export;
+mod protobuf;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{OtlpProtocol, ParentMode, Telemetry as TelemetryConfig};
+use crate::config::{ParentMode, Telemetry as TelemetryConfig};
 use crate::logging::{Repeats, Tell};
 use crate::sampler::{SAMPLED, Sampler};
 use crate::trace::TraceContext;
+pub use export::Destination;
+pub use protobuf::Attribute;
 
 /// The kinds of span wharf records.
 pub use opentelemetry::trace::SpanKind as Kind;
@@ -43,11 +44,8 @@ pub struct SpanCounts {
 /// environment (a key in the file wins over its variable).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// The collector, when the file names it (else the exporter reads the
-    /// `OTEL_EXPORTER_OTLP_*` variables itself).
-    pub endpoint: Option<String>,
-    /// The transport, when the file names it.
-    pub protocol: Option<OtlpProtocol>,
+    /// The collector, and how spans are sent to it.
+    pub destination: Destination,
     /// The `service.name` resource attribute, when the file names it.
     pub service_name: Option<String>,
     /// Which traces are recorded.
@@ -95,6 +93,7 @@ impl Settings {
         if !configured {
             return Ok(None);
         }
+        let destination = Destination::resolve(config, &set, warnings)?;
         let sampler = match (&config.sampler, config.sampler_ratio) {
             (Some(name), ratio) => Sampler::parse(name, ratio.map(|r| r.to_string()).as_deref())
                 .map_err(|e| format!("[telemetry] sampler: {e}"))?,
@@ -140,8 +139,7 @@ impl Settings {
             .unwrap_or_else(|| Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5000)));
         let export_timeout = Duration::from_millis(number("OTEL_BSP_EXPORT_TIMEOUT", 30_000));
         Ok(Some(Settings {
-            endpoint: config.endpoint.clone(),
-            protocol: config.protocol,
+            destination,
             service_name: config.service_name.clone(),
             sampler,
             parent: config.parent,
@@ -158,11 +156,31 @@ impl Settings {
 pub struct Telemetry(Option<Arc<Exporting>>);
 
 struct Exporting {
-    queue: mpsc::Sender<SpanData>,
-    counts: SpanCounts,
+    queue: Queue,
     sampler: Sampler,
     parent: ParentMode,
-    scope: InstrumentationScope,
+}
+
+/// The sending side of the export queue. The export task is not woken
+/// per span (a wake-up crosses threads and costs more than recording the
+/// span): it sleeps out the export delay and is told early only when a
+/// whole batch is waiting.
+#[derive(Clone)]
+struct Queue {
+    spans: mpsc::Sender<Vec<u8>>,
+    batch_full: Arc<Notify>,
+    max_batch: usize,
+    dropped: Counter,
+}
+
+impl Queue {
+    fn push(&self, span: Vec<u8>) {
+        if self.spans.try_send(span).is_err() {
+            self.dropped.inc();
+        } else if self.spans.max_capacity() - self.spans.capacity() >= self.max_batch {
+            self.batch_full.notify_one();
+        }
+    }
 }
 
 /// The export task of a host, flushed when the host stops.
@@ -177,31 +195,39 @@ impl Telemetry {
         Telemetry(None)
     }
 
-    /// Builds the OTLP exporter `settings` describe and starts its task,
-    /// counting in `counts`.
-    pub fn start(settings: &Settings, counts: SpanCounts) -> Result<(Telemetry, Exporter), String> {
-        let mut exporter = otlp_exporter(settings)?;
-        exporter.set_resource(&resource(settings));
-        let (queue, spans) = mpsc::channel(settings.max_queue);
+    /// Starts the export task `settings` describe, counting in `counts`.
+    pub fn start(settings: &Settings, counts: SpanCounts) -> (Telemetry, Exporter) {
+        let batches = Batches {
+            resource: protobuf::resource(
+                resource(settings)
+                    .iter()
+                    .map(|(key, value)| (key.to_string(), value.clone())),
+            ),
+            scope: protobuf::scope("wharf", env!("CARGO_PKG_VERSION")),
+            sender: export::Sender::new(settings.destination.clone()),
+        };
+        let (spans, received) = mpsc::channel(settings.max_queue);
+        let queue = Queue {
+            spans,
+            batch_full: Arc::default(),
+            max_batch: settings.max_batch,
+            dropped: counts.dropped.clone(),
+        };
         let stop = CancellationToken::new();
         let task = tokio::spawn(export(
-            exporter,
-            spans,
+            batches,
+            received,
+            queue.batch_full.clone(),
             settings.clone(),
             counts.clone(),
             stop.clone(),
         ));
-        let scope = InstrumentationScope::builder("wharf")
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .build();
         let telemetry = Telemetry(Some(Arc::new(Exporting {
             queue,
-            counts,
             sampler: settings.sampler,
             parent: settings.parent,
-            scope,
         })));
-        Ok((telemetry, Exporter { stop, task }))
+        (telemetry, Exporter { stop, task })
     }
 
     /// The context of a delivery's handling, and its `process` span when
@@ -231,15 +257,11 @@ impl Telemetry {
         if !sampled {
             return (Some(context), None);
         }
-        let mut span = Span::new(exporting, &context, parent, name(), SpanKind::Consumer);
-        if let Some(data) = &mut span.data {
-            // The publisher's span is another process's.
-            data.parent_span_is_remote = parent.is_some();
-            if let Some(link) = link {
-                data.links
-                    .links
-                    .push(Link::with_context(span_context(link, true)));
-            }
+        // The publisher's span is another process's.
+        let parent = parent.map(|parent| (parent, true));
+        let mut span = Span::new(exporting, &context, parent, &name(), SpanKind::Consumer);
+        if let Some(link) = link {
+            protobuf::span_link(&mut span.encoded, link);
         }
         (Some(context), Some(span))
     }
@@ -258,7 +280,7 @@ impl Telemetry {
         let context = parent.child();
         let span = match &self.0 {
             Some(exporting) if parent.sampled() => {
-                Some(Span::new(exporting, &context, Some(parent), name(), kind))
+                Some(Span::new(exporting, &context, Some((parent, false)), &name(), kind))
             }
             _ => None,
         };
@@ -274,66 +296,44 @@ impl Exporter {
     }
 }
 
-/// A span being recorded; it is queued for export when dropped.
+/// A span being recorded, encoded as it goes; it is queued for export
+/// when dropped.
 pub struct Span {
-    data: Option<Box<SpanData>>,
-    queue: mpsc::Sender<SpanData>,
-    dropped: Counter,
+    encoded: Vec<u8>,
+    queue: Queue,
 }
 
 impl Span {
     fn new(
         exporting: &Exporting,
         context: &TraceContext,
-        parent: Option<&TraceContext>,
-        name: String,
+        parent: Option<(&TraceContext, bool)>,
+        name: &str,
         kind: SpanKind,
     ) -> Span {
-        let now = SystemTime::now();
-        let data = SpanData {
-            span_context: span_context(context, false),
-            parent_span_id: parent.map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.span_id)),
-            parent_span_is_remote: false,
-            span_kind: kind,
-            name: Cow::Owned(name),
-            start_time: now,
-            end_time: now,
-            attributes: Vec::with_capacity(16),
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: exporting.scope.clone(),
-        };
+        // Room for a `process` span's attributes without growing.
+        let mut encoded = Vec::with_capacity(768);
+        protobuf::span_start(&mut encoded, context, parent, name, &kind, now_nanos());
         Span {
-            data: Some(Box::new(data)),
+            encoded,
             queue: exporting.queue.clone(),
-            dropped: exporting.counts.dropped.clone(),
         }
     }
 
     /// Sets an attribute.
-    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
-        if let Some(data) = &mut self.data {
-            data.attributes.push(KeyValue::new(key, value));
-        }
+    pub fn set(&mut self, key: &str, value: impl Attribute) {
+        protobuf::span_attribute(&mut self.encoded, key, &value);
     }
 
     /// Marks the span failed: `error.type` and an error status.
-    pub fn fail(
-        &mut self,
-        error_type: impl Into<Value>,
-        description: impl Into<Cow<'static, str>>,
-    ) {
+    pub fn fail(&mut self, error_type: impl Attribute, description: impl AsRef<str>) {
         self.set("error.type", error_type);
-        if let Some(data) = &mut self.data {
-            data.status = Status::error(description);
-        }
+        protobuf::span_error(&mut self.encoded, description.as_ref());
     }
 }
 
 /// Sets an attribute on a span that may not be recorded.
-pub fn set(span: &mut Option<Span>, key: &'static str, value: impl Into<Value>) {
+pub fn set(span: &mut Option<Span>, key: &str, value: impl Attribute) {
     if let Some(span) = span {
         span.set(key, value);
     }
@@ -341,65 +341,15 @@ pub fn set(span: &mut Option<Span>, key: &'static str, value: impl Into<Value>) 
 
 impl Drop for Span {
     fn drop(&mut self) {
-        let Some(mut data) = self.data.take() else {
-            return;
-        };
-        data.end_time = SystemTime::now();
-        if self.queue.try_send(*data).is_err() {
-            self.dropped.inc();
-        }
+        protobuf::span_end(&mut self.encoded, now_nanos());
+        self.queue.push(std::mem::take(&mut self.encoded));
     }
 }
 
-fn span_context(context: &TraceContext, remote: bool) -> SpanContext {
-    let state = context
-        .state
-        .as_deref()
-        .and_then(|state| state.parse::<TraceState>().ok())
-        .unwrap_or_default();
-    SpanContext::new(
-        TraceId::from_bytes(context.trace_id),
-        SpanId::from_bytes(context.span_id),
-        TraceFlags::new(context.flags),
-        remote,
-        state,
-    )
-}
-
-fn otlp_exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
-    use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
-
-    let built = match (settings.protocol, settings.endpoint.as_deref()) {
-        (None, None) => SpanExporter::builder().build(),
-        (Some(OtlpProtocol::Grpc), endpoint) => {
-            let builder = SpanExporter::builder().with_tonic();
-            match endpoint {
-                Some(endpoint) => builder.with_endpoint(endpoint).build(),
-                None => builder.build(),
-            }
-        }
-        (Some(OtlpProtocol::HttpProtobuf) | None, endpoint) => {
-            let builder = SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-            match endpoint {
-                Some(endpoint) => builder.with_endpoint(traces_url(endpoint)).build(),
-                None => builder.build(),
-            }
-        }
-    };
-    built.map_err(|e| format!("the OTLP exporter: {e}"))
-}
-
-/// A base URL as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it, with the traces
-/// path added when it has none.
-fn traces_url(endpoint: &str) -> String {
-    match url::Url::parse(endpoint) {
-        Ok(url) if url.path() == "/" || url.path().is_empty() => {
-            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
-        }
-        _ => endpoint.to_owned(),
-    }
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos() as u64)
 }
 
 /// The resource of every span: `service.name` from the file, else from
@@ -420,10 +370,19 @@ fn resource(settings: &Settings) -> Resource {
     }
 }
 
+/// What a batch is sent with: the envelope's resource and scope, and the
+/// connection.
+struct Batches {
+    resource: Vec<u8>,
+    scope: Vec<u8>,
+    sender: export::Sender,
+}
+
 /// Exports batches until stopped, then what is left.
 async fn export(
-    exporter: opentelemetry_otlp::SpanExporter,
-    mut spans: mpsc::Receiver<SpanData>,
+    batches: Batches,
+    mut spans: mpsc::Receiver<Vec<u8>>,
+    batch_full: Arc<Notify>,
     settings: Settings,
     counts: SpanCounts,
     stop: CancellationToken,
@@ -445,40 +404,45 @@ async fn export(
         if received == 0 {
             break;
         }
-        // Wait for a fuller batch, up to the delay.
-        let due = tokio::time::Instant::now() + settings.export_delay;
-        while !stopping && batch.len() < settings.max_batch {
-            let room = settings.max_batch - batch.len();
+        // Let the batch fill up to the delay, without polling the queue
+        // (a polled queue wakes this task for every span pushed).
+        if !stopping && batch.len() < settings.max_batch {
             tokio::select! {
-                received = spans.recv_many(&mut batch, room) => if received == 0 { break },
-                () = tokio::time::sleep_until(due) => break,
-                () = stop.cancelled() => break,
+                () = tokio::time::sleep(settings.export_delay) => {}
+                () = batch_full.notified() => {}
+                () = stop.cancelled() => {}
+            }
+            while batch.len() < settings.max_batch {
+                match spans.try_recv() {
+                    Ok(span) => batch.push(span),
+                    Err(_) => break,
+                }
             }
         }
-        send(
-            &exporter,
-            std::mem::take(&mut batch),
-            &settings,
-            &counts,
-            &mut failing,
-        )
-        .await;
+        send(&batches, &batch, &settings, &counts, &mut failing).await;
+        batch.clear();
     }
-    let _ = exporter.shutdown();
 }
 
 async fn send(
-    exporter: &opentelemetry_otlp::SpanExporter,
-    batch: Vec<SpanData>,
+    batches: &Batches,
+    batch: &[Vec<u8>],
     settings: &Settings,
     counts: &SpanCounts,
     failing: &mut Repeats,
 ) {
     let count = batch.len() as u64;
-    let failure = match tokio::time::timeout(settings.export_timeout, exporter.export(batch)).await
+    let request = protobuf::request(
+        &batches.resource,
+        &batches.scope,
+        batch,
+        batches.sender.prefix(),
+    );
+    let failure = match tokio::time::timeout(settings.export_timeout, batches.sender.send(request))
+        .await
     {
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Err(e)) => Some(e),
         Err(_) => Some(format!(
             "no answer within {}",
             humantime::format_duration(settings.export_timeout)
@@ -595,6 +559,11 @@ mod tests {
 
     const PUBLISHER: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
+    /// The span as the collector would read it.
+    fn decoded(span: &Span) -> opentelemetry_proto::tonic::trace::v1::Span {
+        prost::Message::decode(&span.encoded[..]).expect("a span")
+    }
+
     #[tokio::test]
     async fn a_delivery_is_a_child_of_its_publisher_or_a_trace_linked_to_it() {
         let publisher = TraceContext::parse(PUBLISHER).expect("a context");
@@ -602,35 +571,29 @@ mod tests {
         let (child, _) = Telemetry::start(
             &settings(ParentMode::Child, "always_on"),
             SpanCounts::default(),
-        )
-        .expect("started");
+        );
         let (context, span) = child.process(Some(&publisher), name);
         let (context, span) = (context.expect("a context"), span.expect("a span"));
         assert_eq!(context.trace_id, publisher.trace_id);
-        let data = span.data.as_ref().expect("started");
-        assert_eq!(data.parent_span_id, SpanId::from_bytes(publisher.span_id));
-        assert!(data.parent_span_is_remote);
+        let data = decoded(&span);
+        assert_eq!(data.parent_span_id, publisher.span_id);
+        assert_ne!(data.flags & 0x200, 0, "the parent is remote");
 
         let (linked, _) = Telemetry::start(
             &settings(ParentMode::Link, "always_on"),
             SpanCounts::default(),
-        )
-        .expect("started");
+        );
         let (context, span) = linked.process(Some(&publisher), name);
         let (context, span) = (context.expect("a context"), span.expect("a span"));
         assert_ne!(context.trace_id, publisher.trace_id, "a trace of its own");
-        let data = span.data.as_ref().expect("started");
-        assert_eq!(data.parent_span_id, SpanId::INVALID);
-        assert_eq!(
-            data.links.links[0].span_context.span_id(),
-            SpanId::from_bytes(publisher.span_id)
-        );
+        let data = decoded(&span);
+        assert!(data.parent_span_id.is_empty());
+        assert_eq!(data.links[0].span_id, publisher.span_id);
 
         let (off, _) = Telemetry::start(
             &settings(ParentMode::Child, "always_off"),
             SpanCounts::default(),
-        )
-        .expect("started");
+        );
         let (context, span) = off.process(None, name);
         assert!(span.is_none(), "nothing recorded");
         assert!(
@@ -641,16 +604,6 @@ mod tests {
         assert!(
             context.is_none() && span.is_none(),
             "off, no trace starts here"
-        );
-    }
-
-    #[test]
-    fn a_base_url_gets_the_traces_path() {
-        assert_eq!(traces_url("http://c:4318"), "http://c:4318/v1/traces");
-        assert_eq!(traces_url("http://c:4318/"), "http://c:4318/v1/traces");
-        assert_eq!(
-            traces_url("http://c/otlp/v1/traces"),
-            "http://c/otlp/v1/traces"
         );
     }
 }
