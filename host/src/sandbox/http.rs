@@ -295,13 +295,14 @@ impl WasiHttpHooks for HttpGate {
             );
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         };
-        let method = || request.method().as_str().to_owned();
-        let (context, mut span) =
-            self.trace
-                .telemetry
-                .child(self.trace.context.as_ref(), method, Kind::Client);
+        let method = request.method().as_str();
+        let (context, mut span) = self.trace.telemetry.child(
+            self.trace.context.as_ref(),
+            format_args!("{method}"),
+            Kind::Client,
+        );
         if let Some(span) = &mut span {
-            span.set("http.request.method", method());
+            span.set("http.request.method", method);
             span.set("url.full", request.uri().to_string());
             if let Some(host) = request.uri().host() {
                 span.set("server.address", host);

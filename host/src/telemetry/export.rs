@@ -64,8 +64,10 @@ impl Destination {
         };
         // Only the base endpoint gets the traces path; a traces endpoint,
         // in the file or its own variable, is used as it is.
-        let (source, endpoint) = match (&config.endpoint, first(&["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]))
-        {
+        let (source, endpoint) = match (
+            &config.endpoint,
+            first(&["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]),
+        ) {
             (Some(endpoint), _) => ("[telemetry] endpoint", with_path(endpoint, grpc)),
             (None, Some((name, endpoint))) => (name, endpoint),
             (None, None) => match first(&["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
@@ -93,23 +95,31 @@ impl Destination {
         } else {
             url
         };
-        let headers = match first(&["OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"]) {
+        let headers = match first(&[
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ]) {
             Some((name, list)) => headers(&list).unwrap_or_else(|bad| {
                 warnings.push(format!("{name}: {bad}; sending no headers"));
                 Vec::new()
             }),
             None => Vec::new(),
         };
-        let timeout = match first(&["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]) {
-            Some((name, millis)) => millis
-                .parse()
-                .map(Duration::from_millis)
-                .unwrap_or_else(|_| {
-                    warnings.push(format!(
-                        "{name}={millis} is not a whole number of milliseconds; using 10000"
-                    ));
-                    Duration::from_secs(10)
-                }),
+        let timeout = match first(&[
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]) {
+            Some((name, millis)) => {
+                millis
+                    .parse()
+                    .map(Duration::from_millis)
+                    .unwrap_or_else(|_| {
+                        warnings.push(format!(
+                            "{name}={millis} is not a whole number of milliseconds; using 10000"
+                        ));
+                        Duration::from_secs(10)
+                    })
+            }
             None => Duration::from_secs(10),
         };
         if let Some((name, compression)) = first(&[
@@ -210,11 +220,19 @@ impl Sender {
         if self.destination.grpc { 5 } else { 0 }
     }
 
-    /// Sends one encoded request (after [`Sender::prefix`] bytes of room),
-    /// within the destination's timeout.
-    pub async fn send(&self, mut message: Vec<u8>) -> Result<(), String> {
+    /// Sends the request at `start` in `message` (its first
+    /// [`Sender::prefix`] bytes kept as room), within the destination's
+    /// timeout.
+    pub async fn send(&self, mut message: Vec<u8>, start: usize) -> Result<(), String> {
+        if self.destination.grpc {
+            // Uncompressed (a zero flag), then the length.
+            let len = u32::try_from(message.len() - start - 5).map_err(|_| "a batch over 4 GiB")?;
+            message[start] = 0;
+            message[start + 1..start + 5].copy_from_slice(&len.to_be_bytes());
+        }
+        let message = Bytes::from(message).slice(start..);
         let timeout = self.destination.timeout;
-        match tokio::time::timeout(timeout, self.exchange(&mut message)).await {
+        match tokio::time::timeout(timeout, self.exchange(message)).await {
             Ok(result) => result,
             Err(_) => Err(format!(
                 "no answer within {}",
@@ -223,12 +241,8 @@ impl Sender {
         }
     }
 
-    async fn exchange(&self, message: &mut Vec<u8>) -> Result<(), String> {
+    async fn exchange(&self, message: Bytes) -> Result<(), String> {
         let grpc = self.destination.grpc;
-        if grpc {
-            let len = u32::try_from(message.len() - 5).map_err(|_| "a batch over 4 GiB")?;
-            message[1..5].copy_from_slice(&len.to_be_bytes());
-        }
         let mut request = Request::post(self.destination.url.clone());
         if let Some(headers) = request.headers_mut() {
             for (name, value) in &self.destination.headers {
@@ -242,7 +256,7 @@ impl Sender {
         } else {
             request.header("content-type", "application/x-protobuf")
         }
-        .body(Full::new(Bytes::from(std::mem::take(message))))
+        .body(Full::new(message))
         .map_err(|e| e.to_string())?;
         let response = self
             .client
@@ -326,7 +340,10 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/mine"),
         ];
         assert_eq!(url("", &both), "http://t:1/mine", "used as it is");
-        assert_eq!(url("endpoint = \"http://f:2/\"", &both), "http://f:2/v1/traces");
+        assert_eq!(
+            url("endpoint = \"http://f:2/\"", &both),
+            "http://f:2/v1/traces"
+        );
         assert_eq!(
             url("endpoint = \"http://f:2/otlp/v1/traces\"", &[]),
             "http://f:2/otlp/v1/traces"
@@ -338,7 +355,10 @@ mod tests {
         assert_eq!(url("", &grpc), format!("http://g:4317{GRPC_EXPORT}"));
         let refused = resolve("endpoint = \"https://c:4318\"", &[]).0;
         let refused = refused.expect_err("plain http only");
-        assert!(refused.contains("[telemetry] endpoint https://c:4318"), "{refused}");
+        assert!(
+            refused.contains("[telemetry] endpoint https://c:4318"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -10,14 +10,16 @@
 mod export;
 mod protobuf;
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanKind;
 use opentelemetry_sdk::Resource;
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ParentMode, Telemetry as TelemetryConfig};
@@ -161,25 +163,113 @@ struct Exporting {
     parent: ParentMode,
 }
 
-/// The sending side of the export queue. The export task is not woken
-/// per span (a wake-up crosses threads and costs more than recording the
-/// span): it sleeps out the export delay and is told early only when a
-/// whole batch is waiting.
+/// Spans waiting for export, already in their wire form: ending spans
+/// copy their bytes in (so each span's buffer is freed on the thread that
+/// filled it, where a buffer handed to the export task would be freed on
+/// another thread's heap arena, under its lock). The export task is not
+/// woken per span (a wake-up crosses threads and costs more than
+/// recording the span): it sleeps out the export delay and is told early
+/// only when a whole batch is waiting.
 #[derive(Clone)]
-struct Queue {
-    spans: mpsc::Sender<Vec<u8>>,
-    batch_full: Arc<Notify>,
+struct Queue(Arc<Waiting>);
+
+struct Waiting {
+    batches: Mutex<Batches>,
+    batch_full: Notify,
+    /// Bytes kept in front of a batch's spans for the request's envelope.
+    room: usize,
     max_batch: usize,
+    max_queue: usize,
     dropped: Counter,
 }
 
+/// The full batches in order, then the one being filled.
+#[derive(Default)]
+struct Batches {
+    full: VecDeque<Batch>,
+    filling: Batch,
+    /// Spans in all of them.
+    queued: usize,
+    /// Whether the host is stopping: spans ending now are not exported.
+    closed: bool,
+    /// The longest batch so far, which the next one is given room for.
+    longest: usize,
+}
+
+/// Spans as a `ScopeSpans` message's span fields, after room for the
+/// request's envelope, so a request is sent without copying them.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
 impl Queue {
-    fn push(&self, span: Vec<u8>) {
-        if self.spans.try_send(span).is_err() {
-            self.dropped.inc();
-        } else if self.spans.max_capacity() - self.spans.capacity() >= self.max_batch {
-            self.batch_full.notify_one();
+    fn new(settings: &Settings, room: usize, dropped: Counter) -> Queue {
+        Queue(Arc::new(Waiting {
+            batches: Mutex::default(),
+            batch_full: Notify::new(),
+            room,
+            max_batch: settings.max_batch,
+            max_queue: settings.max_queue,
+            dropped,
+        }))
+    }
+
+    fn push(&self, span: &[u8]) {
+        let waiting = &*self.0;
+        let mut batches = waiting
+            .batches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if batches.closed || batches.queued >= waiting.max_queue {
+            drop(batches);
+            waiting.dropped.inc();
+            return;
         }
+        batches.queued += 1;
+        let longest = batches.longest;
+        let filling = &mut batches.filling;
+        if filling.bytes.is_empty() {
+            filling
+                .bytes
+                .reserve(longest.max(waiting.room + span.len() + 4));
+            filling.bytes.resize(waiting.room, 0);
+        }
+        protobuf::add_span(&mut filling.bytes, span);
+        filling.count += 1;
+        if filling.count >= waiting.max_batch {
+            let full = std::mem::take(&mut batches.filling);
+            batches.longest = batches.longest.max(full.bytes.len());
+            batches.full.push_back(full);
+            drop(batches);
+            waiting.batch_full.notify_one();
+        }
+    }
+
+    /// The oldest full batch, or when `partial` the one being filled.
+    fn take(&self, partial: bool) -> Option<Batch> {
+        let mut batches = self
+            .0
+            .batches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let batch = match batches.full.pop_front() {
+            Some(batch) => batch,
+            None if partial && batches.filling.count > 0 => std::mem::take(&mut batches.filling),
+            None => return None,
+        };
+        batches.queued -= batch.count;
+        Some(batch)
+    }
+
+    /// Takes no more spans.
+    fn close(&self) {
+        self.0
+            .batches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed = true;
     }
 }
 
@@ -197,7 +287,7 @@ impl Telemetry {
 
     /// Starts the export task `settings` describe, counting in `counts`.
     pub fn start(settings: &Settings, counts: SpanCounts) -> (Telemetry, Exporter) {
-        let batches = Batches {
+        let envelope = Envelope {
             resource: protobuf::resource(
                 resource(settings)
                     .iter()
@@ -206,20 +296,18 @@ impl Telemetry {
             scope: protobuf::scope("wharf", env!("CARGO_PKG_VERSION")),
             sender: export::Sender::new(settings.destination.clone()),
         };
-        let (spans, received) = mpsc::channel(settings.max_queue);
-        let queue = Queue {
-            spans,
-            batch_full: Arc::default(),
-            max_batch: settings.max_batch,
-            dropped: counts.dropped.clone(),
-        };
+        let room = protobuf::envelope_room(
+            &envelope.resource,
+            &envelope.scope,
+            envelope.sender.prefix(),
+        );
+        let queue = Queue::new(settings, room, counts.dropped.clone());
         let stop = CancellationToken::new();
         let task = tokio::spawn(export(
-            batches,
-            received,
-            queue.batch_full.clone(),
+            envelope,
+            queue.clone(),
             settings.clone(),
-            counts.clone(),
+            counts,
             stop.clone(),
         ));
         let telemetry = Telemetry(Some(Arc::new(Exporting {
@@ -237,7 +325,7 @@ impl Telemetry {
     pub fn process(
         &self,
         publisher: Option<&TraceContext>,
-        name: impl FnOnce() -> String,
+        name: fmt::Arguments<'_>,
     ) -> (Option<TraceContext>, Option<Span>) {
         let Some(exporting) = &self.0 else {
             return (publisher.map(TraceContext::child), None);
@@ -259,7 +347,7 @@ impl Telemetry {
         }
         // The publisher's span is another process's.
         let parent = parent.map(|parent| (parent, true));
-        let mut span = Span::new(exporting, &context, parent, &name(), SpanKind::Consumer);
+        let mut span = Span::new(exporting, &context, parent, name, SpanKind::Consumer);
         if let Some(link) = link {
             protobuf::span_link(&mut span.encoded, link);
         }
@@ -271,7 +359,7 @@ impl Telemetry {
     pub fn child(
         &self,
         parent: Option<&TraceContext>,
-        name: impl FnOnce() -> String,
+        name: fmt::Arguments<'_>,
         kind: SpanKind,
     ) -> (Option<TraceContext>, Option<Span>) {
         let Some(parent) = parent else {
@@ -279,9 +367,13 @@ impl Telemetry {
         };
         let context = parent.child();
         let span = match &self.0 {
-            Some(exporting) if parent.sampled() => {
-                Some(Span::new(exporting, &context, Some((parent, false)), &name(), kind))
-            }
+            Some(exporting) if parent.sampled() => Some(Span::new(
+                exporting,
+                &context,
+                Some((parent, false)),
+                name,
+                kind,
+            )),
             _ => None,
         };
         (Some(context), span)
@@ -308,7 +400,7 @@ impl Span {
         exporting: &Exporting,
         context: &TraceContext,
         parent: Option<(&TraceContext, bool)>,
-        name: &str,
+        name: fmt::Arguments<'_>,
         kind: SpanKind,
     ) -> Span {
         // Room for a `process` span's attributes without growing.
@@ -342,7 +434,7 @@ pub fn set(span: &mut Option<Span>, key: &str, value: impl Attribute) {
 impl Drop for Span {
     fn drop(&mut self) {
         protobuf::span_end(&mut self.encoded, now_nanos());
-        self.queue.push(std::mem::take(&mut self.encoded));
+        self.queue.push(&self.encoded);
     }
 }
 
@@ -372,74 +464,70 @@ fn resource(settings: &Settings) -> Resource {
 
 /// What a batch is sent with: the envelope's resource and scope, and the
 /// connection.
-struct Batches {
+struct Envelope {
     resource: Vec<u8>,
     scope: Vec<u8>,
     sender: export::Sender,
 }
 
-/// Exports batches until stopped, then what is left.
+/// Exports full batches as they come and the rest every export delay;
+/// when stopped, what is left.
 async fn export(
-    batches: Batches,
-    mut spans: mpsc::Receiver<Vec<u8>>,
-    batch_full: Arc<Notify>,
+    envelope: Envelope,
+    queue: Queue,
     settings: Settings,
     counts: SpanCounts,
     stop: CancellationToken,
 ) {
     let mut failing = Repeats::default();
-    let mut batch = Vec::with_capacity(settings.max_batch);
-    let mut stopping = false;
     loop {
-        let received = tokio::select! {
-            received = spans.recv_many(&mut batch, settings.max_batch) => received,
-            // Stopping: no more spans come in; what is queued goes out now,
-            // a batch at a time, until the closed queue is empty.
-            () = stop.cancelled(), if !stopping => {
-                spans.close();
-                stopping = true;
-                continue;
-            }
+        let partial = tokio::select! {
+            () = tokio::time::sleep(settings.export_delay) => true,
+            () = queue.0.batch_full.notified() => false,
+            () = stop.cancelled() => true,
         };
-        if received == 0 {
-            break;
+        let stopping = stop.is_cancelled();
+        if stopping {
+            queue.close();
         }
-        // Let the batch fill up to the delay, without polling the queue
-        // (a polled queue wakes this task for every span pushed).
-        if !stopping && batch.len() < settings.max_batch {
-            tokio::select! {
-                () = tokio::time::sleep(settings.export_delay) => {}
-                () = batch_full.notified() => {}
-                () = stop.cancelled() => {}
-            }
-            while batch.len() < settings.max_batch {
-                match spans.try_recv() {
-                    Ok(span) => batch.push(span),
-                    Err(_) => break,
-                }
-            }
+        while let Some(batch) = queue.take(partial || stopping) {
+            send(
+                &envelope,
+                batch,
+                queue.0.room,
+                &settings,
+                &counts,
+                &mut failing,
+            )
+            .await;
         }
-        send(&batches, &batch, &settings, &counts, &mut failing).await;
-        batch.clear();
+        if stopping {
+            return;
+        }
     }
 }
 
 async fn send(
-    batches: &Batches,
-    batch: &[Vec<u8>],
+    envelope: &Envelope,
+    mut batch: Batch,
+    room: usize,
     settings: &Settings,
     counts: &SpanCounts,
     failing: &mut Repeats,
 ) {
-    let count = batch.len() as u64;
-    let request = protobuf::request(
-        &batches.resource,
-        &batches.scope,
-        batch,
-        batches.sender.prefix(),
+    let count = batch.count as u64;
+    let start = protobuf::envelope(
+        &mut batch.bytes,
+        room,
+        &envelope.resource,
+        &envelope.scope,
+        envelope.sender.prefix(),
     );
-    let failure = match tokio::time::timeout(settings.export_timeout, batches.sender.send(request))
-        .await
+    let failure = match tokio::time::timeout(
+        settings.export_timeout,
+        envelope.sender.send(batch.bytes, start),
+    )
+    .await
     {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
@@ -567,12 +655,11 @@ mod tests {
     #[tokio::test]
     async fn a_delivery_is_a_child_of_its_publisher_or_a_trace_linked_to_it() {
         let publisher = TraceContext::parse(PUBLISHER).expect("a context");
-        let name = || "process q".to_owned();
         let (child, _) = Telemetry::start(
             &settings(ParentMode::Child, "always_on"),
             SpanCounts::default(),
         );
-        let (context, span) = child.process(Some(&publisher), name);
+        let (context, span) = child.process(Some(&publisher), format_args!("process q"));
         let (context, span) = (context.expect("a context"), span.expect("a span"));
         assert_eq!(context.trace_id, publisher.trace_id);
         let data = decoded(&span);
@@ -583,7 +670,7 @@ mod tests {
             &settings(ParentMode::Link, "always_on"),
             SpanCounts::default(),
         );
-        let (context, span) = linked.process(Some(&publisher), name);
+        let (context, span) = linked.process(Some(&publisher), format_args!("process q"));
         let (context, span) = (context.expect("a context"), span.expect("a span"));
         assert_ne!(context.trace_id, publisher.trace_id, "a trace of its own");
         let data = decoded(&span);
@@ -594,13 +681,13 @@ mod tests {
             &settings(ParentMode::Child, "always_off"),
             SpanCounts::default(),
         );
-        let (context, span) = off.process(None, name);
+        let (context, span) = off.process(None, format_args!("process q"));
         assert!(span.is_none(), "nothing recorded");
         assert!(
             !context.expect("a context").sampled(),
             "the decision goes on with the context"
         );
-        let (context, span) = Telemetry::off().process(None, name);
+        let (context, span) = Telemetry::off().process(None, format_args!("process q"));
         assert!(
             context.is_none() && span.is_none(),
             "off, no trace starts here"

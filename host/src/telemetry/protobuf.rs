@@ -1,7 +1,8 @@
 //! OTLP's protobuf messages, written straight from what wharf records.
 //!
-//! A span is encoded as it is recorded, into one buffer per span; a batch
-//! is those buffers framed by the request's envelope. Going through the
+//! A span is encoded as it is recorded, into a buffer of its own; when it
+//! ends its bytes are copied into the batch being filled, and a request
+//! is a batch framed by the envelope. Going through the
 //! SDK's span type and the generated messages instead cost more than the
 //! handling of an `ack` (a `String` per attribute, twice, and a grouping
 //! by resource and scope per batch).
@@ -157,7 +158,7 @@ pub fn span_start(
     out: &mut Vec<u8>,
     context: &TraceContext,
     parent: Option<(&TraceContext, bool)>,
-    name: &str,
+    name: std::fmt::Arguments<'_>,
     kind: &SpanKind,
     start_nanos: u64,
 ) {
@@ -169,7 +170,10 @@ pub fn span_start(
     if let Some((parent, _)) = parent {
         bytes(out, 4, &parent.span_id);
     }
-    bytes(out, 5, name.as_bytes());
+    nested(out, 5, |out| {
+        // Writing to a `Vec` cannot fail.
+        let _ = std::io::Write::write_fmt(out, name);
+    });
     let kind = match kind {
         SpanKind::Internal => 1,
         SpanKind::Server => 2,
@@ -231,26 +235,49 @@ pub fn scope(name: &str, version: &str) -> Vec<u8> {
     out
 }
 
-/// An `ExportTraceServiceRequest` of one resource and scope holding
-/// `spans`, each the fields of one `Span` message, written after `prefix`
-/// bytes of room (gRPC's message header).
-pub fn request(resource: &[u8], scope: &[u8], spans: &[Vec<u8>], prefix: usize) -> Vec<u8> {
-    let framed = |len: usize| 1 + varint_len(len as u64) + len;
-    let spans_len: usize = spans.iter().map(|span| framed(span.len())).sum();
-    let scope_spans_len = framed(scope.len()) + spans_len;
+/// Appends `span`, the fields of one `Span` message, to `spans` as a
+/// `ScopeSpans` message's span field.
+pub fn add_span(spans: &mut Vec<u8>, span: &[u8]) {
+    bytes(spans, 2, span);
+}
+
+/// The most bytes [`envelope`] writes: `prefix` bytes of room (gRPC's
+/// message header), then the fields around the spans.
+pub fn envelope_room(resource: &[u8], scope: &[u8], prefix: usize) -> usize {
+    const LONGEST_VARINT: usize = 10;
+    prefix + 2 * (1 + LONGEST_VARINT) + framed(resource.len()) + framed(scope.len())
+}
+
+/// Makes `batch` an `ExportTraceServiceRequest` of one resource and scope
+/// without copying its spans: they follow `room` bytes (at least
+/// [`envelope_room`]) that the envelope is written into, ending where the
+/// spans start. Returns where the request (its prefix first) starts.
+pub fn envelope(
+    batch: &mut [u8],
+    room: usize,
+    resource: &[u8],
+    scope: &[u8],
+    prefix: usize,
+) -> usize {
+    let scope_spans_len = framed(scope.len()) + batch.len() - room;
     let resource_spans_len = framed(resource.len()) + framed(scope_spans_len);
-    let mut out = Vec::with_capacity(prefix + framed(resource_spans_len));
-    out.resize(prefix, 0);
-    tag(&mut out, 1, LENGTH_DELIMITED);
-    varint(&mut out, resource_spans_len as u64);
-    bytes(&mut out, 1, resource);
-    tag(&mut out, 2, LENGTH_DELIMITED);
-    varint(&mut out, scope_spans_len as u64);
-    bytes(&mut out, 1, scope);
-    for span in spans {
-        bytes(&mut out, 2, span);
-    }
-    out
+    let mut head = Vec::with_capacity(room);
+    head.resize(prefix, 0);
+    tag(&mut head, 1, LENGTH_DELIMITED);
+    varint(&mut head, resource_spans_len as u64);
+    bytes(&mut head, 1, resource);
+    tag(&mut head, 2, LENGTH_DELIMITED);
+    varint(&mut head, scope_spans_len as u64);
+    bytes(&mut head, 1, scope);
+    let start = room - head.len();
+    batch[start..room].copy_from_slice(&head);
+    start
+}
+
+/// The bytes of a length-delimited field of `len` bytes with a one-byte
+/// tag.
+fn framed(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
 }
 
 #[cfg(test)]
@@ -271,11 +298,23 @@ mod tests {
 
     #[test]
     fn varints_take_the_bytes_they_are_counted_at() {
-        for value in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
+        for value in [
+            0,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
             let mut out = Vec::new();
             varint(&mut out, value);
             assert_eq!(out.len(), varint_len(value), "{value}");
-            assert_eq!(prost::encoding::decode_varint(&mut &out[..]).ok(), Some(value));
+            assert_eq!(
+                prost::encoding::decode_varint(&mut &out[..]).ok(),
+                Some(value)
+            );
         }
     }
 
@@ -287,7 +326,7 @@ mod tests {
             &mut span,
             &context(2, Some("v=1")),
             Some((&parent, true)),
-            "process q",
+            format_args!("process {}", "q"),
             &SpanKind::Consumer,
             10,
         );
@@ -299,30 +338,47 @@ mod tests {
         span_error(&mut span, "it trapped");
         span_end(&mut span, 20);
         let mut root = Vec::new();
-        span_start(&mut root, &parent, None, "send q", &SpanKind::Producer, 5);
+        span_start(
+            &mut root,
+            &parent,
+            None,
+            format_args!("send q"),
+            &SpanKind::Producer,
+            5,
+        );
         span_end(&mut root, 6);
         let resource = resource([
             ("service.name".to_owned(), Value::from("wharf")),
             ("n".to_owned(), Value::F64(1.5)),
-            (
-                "list".to_owned(),
-                Value::Array(Array::I64(vec![1, 2])),
-            ),
+            ("list".to_owned(), Value::Array(Array::I64(vec![1, 2]))),
         ]);
-        let spans = vec![span; 200].into_iter().chain([root]).collect::<Vec<_>>();
-        let encoded = request(&resource, &scope("wharf", "1.0"), &spans, 5);
-        assert_eq!(&encoded[..5], &[0; 5]);
-        let decoded = ExportTraceServiceRequest::decode(&encoded[5..]).expect("decodes");
+        let scope = scope("wharf", "1.0");
+        let room = envelope_room(&resource, &scope, 5);
+        let mut batch = vec![9; room];
+        for _ in 0..200 {
+            add_span(&mut batch, &span);
+        }
+        add_span(&mut batch, &root);
+        let start = envelope(&mut batch, room, &resource, &scope, 5);
+        assert_eq!(&batch[start..start + 5], &[0; 5]);
+        let decoded = ExportTraceServiceRequest::decode(&batch[start + 5..]).expect("decodes");
 
         let resource_spans = &decoded.resource_spans[0];
-        let attributes = &resource_spans.resource.as_ref().expect("a resource").attributes;
+        let attributes = &resource_spans
+            .resource
+            .as_ref()
+            .expect("a resource")
+            .attributes;
         assert_eq!(attributes.len(), 3);
         assert_eq!(
             attributes[1].value.as_ref().and_then(|v| v.value.clone()),
             Some(Any::DoubleValue(1.5))
         );
         let scope_spans = &resource_spans.scope_spans[0];
-        assert_eq!(scope_spans.scope.as_ref().map(|s| s.version.as_str()), Some("1.0"));
+        assert_eq!(
+            scope_spans.scope.as_ref().map(|s| s.version.as_str()),
+            Some("1.0")
+        );
         assert_eq!(scope_spans.spans.len(), 201);
         let span = &scope_spans.spans[0];
         assert_eq!(span.trace_id, vec![7; 16]);
@@ -330,12 +386,20 @@ mod tests {
         assert_eq!(span.parent_span_id, vec![1; 8]);
         assert_eq!(span.trace_state, "v=1");
         assert_eq!((span.name.as_str(), span.kind), ("process q", 5));
-        assert_eq!((span.start_time_unix_nano, span.end_time_unix_nano), (10, 20));
+        assert_eq!(
+            (span.start_time_unix_nano, span.end_time_unix_nano),
+            (10, 20)
+        );
         assert_eq!(span.flags, 0x301);
         let values: Vec<_> = span
             .attributes
             .iter()
-            .map(|a| (a.key.as_str(), a.value.as_ref().and_then(|v| v.value.clone())))
+            .map(|a| {
+                (
+                    a.key.as_str(),
+                    a.value.as_ref().and_then(|v| v.value.clone()),
+                )
+            })
             .collect();
         assert_eq!(values[0], ("s", Some(Any::StringValue("text".into()))));
         assert_eq!(values[1], ("long", Some(Any::StringValue("x".repeat(300)))));

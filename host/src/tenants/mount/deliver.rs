@@ -65,9 +65,10 @@ pub(super) async fn handle(
         }
     };
     // This attempt's span, below the publisher's when it sent a context.
-    let (trace, mut process) = spec.telemetry.process(publisher.as_ref(), || {
-        format!("process {}", spec.config.address)
-    });
+    let (trace, mut process) = spec.telemetry.process(
+        publisher.as_ref(),
+        format_args!("process {}", spec.config.address),
+    );
     if let Some(span) = &mut process {
         context.peer.describe(span);
         span.set("messaging.operation.type", "process");

@@ -166,7 +166,7 @@ async fn carry_out_plan(
         };
         let (_, mut span) = context.spec.telemetry.child(
             arrived.trace,
-            || format!("settle {}", context.spec.config.address),
+            format_args!("settle {}", context.spec.config.address),
             Kind::Client,
         );
         if let Some(span) = &mut span {
@@ -408,7 +408,7 @@ fn send_span(
         context
             .spec
             .telemetry
-            .child(parent, || format!("send {address}"), Kind::Producer);
+            .child(parent, format_args!("send {address}"), Kind::Producer);
     if let Some(span) = &mut span {
         context.peer.describe(span);
         span.set("messaging.operation.type", "send");
