@@ -323,6 +323,10 @@ async fn logs_carry_the_ids_of_spans_configured_by_the_otel_environment() -> any
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.http.as_str()),
             ("OTEL_SERVICE_NAME", "from-env"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%20t0ken,x-tenant=a",
+            ),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     )
@@ -347,6 +351,12 @@ async fn logs_carry_the_ids_of_spans_configured_by_the_otel_environment() -> any
         .find(|s| s.name == format!("process {q}") && s.failed)
         .expect("the trapped attempt's span");
     assert_eq!(failed.service, "from-env");
+    assert_eq!(
+        collector.header("authorization").as_deref(),
+        Some("Bearer t0ken"),
+        "the headers variable is sent, percent-decoded"
+    );
+    assert_eq!(collector.header("x-tenant").as_deref(), Some("a"));
     assert!(
         line.contains(&failed.trace_id) && line.contains(&failed.span_id),
         "the log line names the span: {line}"

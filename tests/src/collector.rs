@@ -102,6 +102,14 @@ impl Collector {
         self.received.spans.lock().expect("spans").clone()
     }
 
+    /// The header `name` of the latest export request.
+    pub fn header(&self, name: &str) -> Option<String> {
+        let headers = self.received.headers.lock().expect("headers");
+        headers
+            .get(name)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    }
+
     /// How many spans were received so far.
     pub fn count(&self) -> usize {
         self.received.count.load(Ordering::Relaxed)
@@ -133,6 +141,7 @@ impl Collector {
 struct Received {
     keep: bool,
     spans: Mutex<Vec<ReceivedSpan>>,
+    headers: Mutex<http::HeaderMap>,
     count: AtomicUsize,
 }
 
@@ -178,6 +187,7 @@ async fn answer(
     grpc: bool,
 ) -> Result<Answer, hyper::Error> {
     let path = request.uri().path().to_owned();
+    *spans.headers.lock().expect("headers") = request.headers().clone();
     let body = request.into_body().collect().await?.to_bytes();
     // gRPC frames the message: a compression flag and a 4-byte length.
     let message = if grpc {
