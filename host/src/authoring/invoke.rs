@@ -84,6 +84,6 @@ pub async fn invoke(
         }),
         sandbox.slots().clone(),
     ));
-    let call = instances.reserve().await.call(delivery).await;
+    let call = instances.reserve().await.call(&delivery).await;
     Ok((call.result, call.outputs))
 }

@@ -55,54 +55,6 @@ impl CpuLane {
     }
 }
 
-impl CpuLane {
-    /// Whether the tenant's handlers used more than [`HEAVY_SHARE`] of a
-    /// core lately.
-    pub(crate) fn heavy(&self) -> bool {
-        self.turns.heavy()
-    }
-}
-
-/// The threads heavy tenants' calls run on: one per core, each at a lower
-/// scheduling priority (nice 10) than the host's own threads. The turns
-/// share the cores among tenants, but a heavy tenant's wasm still competes
-/// with the work no turn covers: the host receiving, settling and
-/// publishing every tenant's deliveries, and a broker on the same machine.
-/// Here the kernel gives that work the core first, and a heavy tenant
-/// still has every core nobody else wants. `None` when the threads cannot
-/// be started; calls then run where they are.
-pub(crate) fn background() -> Option<&'static tokio::runtime::Handle> {
-    static BACKGROUND: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(TURNS.state.lock().map_or(1, |state| state.cores))
-            .thread_name("wharf-heavy")
-            .enable_all()
-            .on_thread_start(lower_priority)
-            .build()
-            .inspect_err(|e| {
-                tracing::warn!("heavy tenants' handlers run beside the host's work: {e}");
-            })
-            .ok()
-    });
-    BACKGROUND.as_ref().map(tokio::runtime::Runtime::handle)
-}
-
-/// Lowers the calling thread's scheduling priority (Linux's nice value is
-/// per thread). Raising it needs no privilege.
-#[allow(unsafe_code)]
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: setpriority reads no memory of ours; `0` is this thread.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE);
-    }
-}
-
-/// The nice value of [`background`]'s threads: the kernel weighs a thread
-/// at nice 10 about a tenth of one at 0.
-#[cfg(target_os = "linux")]
-const BACKGROUND_NICE: libc::c_int = 10;
-
 impl Default for CpuLane {
     fn default() -> CpuLane {
         CpuLane::new()

@@ -6,12 +6,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio_util::task::AbortOnDropHandle;
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::Grants;
 use super::bindings::{Handler, HandlerPre};
-use super::cpu::{self, CpuLane, OnCpu};
+use super::cpu::{CpuLane, OnCpu};
 use super::http::HttpTrace;
 use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
@@ -263,23 +262,8 @@ impl Reserved {
 
     /// Runs one delivery and reports the handler's outcome or why it failed,
     /// and what it sent. Instantiation counts against the call's timeout.
-    /// A tenant whose handlers used much CPU lately runs them on the
-    /// background threads ([`cpu::background`]), where the host's own work
-    /// (and a broker's beside it) comes first.
-    pub async fn call(self, delivery: Delivery) -> Call {
-        let Reserved {
-            instances,
-            instance,
-        } = self;
-        let background = cpu::background().filter(|_| instances.lane.heavy());
-        let Some(background) = background else {
-            return instances.call(instance, &delivery).await;
-        };
-        let call = background.spawn(async move { instances.call(instance, &delivery).await });
-        match AbortOnDropHandle::new(call).await {
-            Ok(call) => call,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+    pub async fn call(self, delivery: &Delivery) -> Call {
+        self.instances.call(self.instance, delivery).await
     }
 }
 

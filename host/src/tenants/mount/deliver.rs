@@ -232,7 +232,7 @@ async fn run_handler(
         result,
         outputs,
         memory,
-    } = instance.call(delivery).await;
+    } = instance.call(&delivery).await;
     spec.metrics.output_dropped(instances.take_output_dropped());
     if let Err(failure) = &result {
         tracing::warn!(
