@@ -4,7 +4,9 @@
 //!
 //! `cargo bench -p wharf-tests --bench hostile [-- WORD...]` (brokers
 //! running, guests built: `scripts/test` does both); words pick the loads
-//! whose name has one.
+//! whose name has one. Each load is measured `WHARF_BENCH_ROUNDS` times
+//! (default 3), alone then beside, and the medians of the ratios close
+//! the report.
 
 use std::time::Duration;
 
@@ -95,15 +97,45 @@ async fn main() -> anyhow::Result<()> {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
+    let rounds: usize = std::env::var("WHARF_BENCH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    let mut medians = Vec::new();
     for load in loads
         .iter()
         .filter(|l| only.is_empty() || only.iter().any(|o| l.name.contains(o.as_str())))
     {
-        // The baseline beside each, so drift in the machine's load hits both.
-        let alone = neighbour_beside(None).await?;
-        let beside = neighbour_beside(Some(load)).await?;
-        row("none", &alone, &alone);
-        row(load.name, &beside, &alone);
+        let mut ratios = Vec::new();
+        for _ in 0..rounds {
+            // The baseline beside each, so drift in the machine's load hits
+            // both.
+            let alone = neighbour_beside(None).await?;
+            let beside = neighbour_beside(Some(load)).await?;
+            row("none", &alone, &alone);
+            row(load.name, &beside, &alone);
+            ratios.push((
+                beside.throughput / alone.throughput,
+                ms(beside.p99) / ms(alone.p99),
+            ));
+        }
+        medians.push((
+            load.name,
+            median(ratios.iter().map(|r| r.0)),
+            median(ratios.iter().map(|r| r.1)),
+        ));
+    }
+    println!("\n| hostile tenant | median throughput ratio | median p99 ratio |");
+    println!("|---|---|---|");
+    for (name, throughput, p99) in medians {
+        println!("| {name} | {throughput:.2} | {p99:.2} |");
     }
     Ok(())
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
