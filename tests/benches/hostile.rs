@@ -49,6 +49,15 @@ async fn main() -> anyhow::Result<()> {
             &["concurrency = 16", "[tenant.mount.grants]", "clocks = true"],
             &[],
         ),
+        // The broker traffic of a busy tenant without its CPU: what the
+        // neighbour loses to the deliveries themselves (the broker's and
+        // the host's work for them), which no CPU turn covers.
+        load(
+            "acking as fast as delivered (no handler CPU)",
+            "*:ack",
+            &["concurrency = 16"],
+            &[],
+        ),
         load(
             "header maps in a loop",
             "*:fields",
