@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Uri};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -15,6 +15,9 @@ use crate::config::{OtlpProtocol, Telemetry as TelemetryConfig};
 
 /// The gRPC method spans are exported with.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// The most of a collector's answer that is read.
+const ANSWER_LIMIT: usize = 64 * 1024;
 
 /// Where and how batches are sent.
 #[derive(Debug, Clone, PartialEq)]
@@ -266,11 +269,11 @@ impl Sender {
         let status = response.status();
         let early_status = response.headers().get("grpc-status").cloned();
         let grpc_message = response.headers().get("grpc-message").cloned();
-        let body = response
-            .into_body()
+        // A collector answers with a few bytes; more is not read.
+        let body = Limited::new(response.into_body(), ANSWER_LIMIT)
             .collect()
             .await
-            .map_err(|e| with_causes(&e))?;
+            .map_err(|e| with_causes(&*e))?;
         if !status.is_success() {
             let text = body.to_bytes();
             let text = String::from_utf8_lossy(&text[..text.len().min(200)]).into_owned();

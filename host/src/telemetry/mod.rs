@@ -1,11 +1,11 @@
 //! Spans of what the host does with each delivery, exported over OTLP.
 //!
 //! wharf records its spans itself, with the ids it already carries on the
-//! messages it publishes (see [`crate::trace`]), and hands them to the
-//! OTLP exporter in batches from a task of their own. A span that finds
-//! the queue full is dropped and counted, never waited for, so a slow or
-//! absent collector costs deliveries nothing. Off, every call here is a
-//! branch on `None`.
+//! messages it publishes (see [`crate::trace`]), writes each in OTLP's
+//! protobuf form as it is recorded ([`protobuf`]) and sends batches from a
+//! task of its own ([`export`]). A span that finds the queue full is
+//! dropped and counted, never waited for, so a slow or absent collector
+//! costs deliveries nothing. Off, every call here is a branch on `None`.
 
 mod export;
 mod protobuf;

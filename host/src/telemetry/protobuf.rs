@@ -85,9 +85,18 @@ pub trait Attribute {
     fn any_value(&self, out: &mut Vec<u8>);
 }
 
+/// The longest text a span keeps: a handler's error or the URL it asked
+/// for is its own to make long, and a queued span holds it on the host.
+const MAX_TEXT: usize = 4096;
+
+/// `text`, cut at [`MAX_TEXT`] bytes (on a character boundary).
+fn capped(text: &str) -> &str {
+    &text[..text.floor_char_boundary(MAX_TEXT)]
+}
+
 impl Attribute for &str {
     fn any_value(&self, out: &mut Vec<u8>) {
-        bytes(out, 1, self.as_bytes());
+        bytes(out, 1, capped(self).as_bytes());
     }
 }
 
@@ -171,8 +180,11 @@ pub fn span_start(
         bytes(out, 4, &parent.span_id);
     }
     nested(out, 5, |out| {
+        let start = out.len();
         // Writing to a `Vec` cannot fail.
         let _ = std::io::Write::write_fmt(out, name);
+        let written = std::str::from_utf8(&out[start..]).map_or(0, |name| capped(name).len());
+        out.truncate(start + written);
     });
     let kind = match kind {
         SpanKind::Internal => 1,
@@ -207,7 +219,7 @@ pub fn span_link(out: &mut Vec<u8>, to: &TraceContext) {
 pub fn span_error(out: &mut Vec<u8>, description: &str) {
     nested(out, 15, |out| {
         if !description.is_empty() {
-            bytes(out, 2, description.as_bytes());
+            bytes(out, 2, capped(description).as_bytes());
         }
         number(out, 3, 2);
     });
@@ -334,6 +346,7 @@ mod tests {
         span_attribute(&mut span, "long", &"x".repeat(300));
         span_attribute(&mut span, "i", &-5i64);
         span_attribute(&mut span, "b", &true);
+        span_attribute(&mut span, "huge", &format!("x{}", "é".repeat(3000)));
         span_link(&mut span, &context(3, None));
         span_error(&mut span, "it trapped");
         span_end(&mut span, 20);
@@ -405,6 +418,12 @@ mod tests {
         assert_eq!(values[1], ("long", Some(Any::StringValue("x".repeat(300)))));
         assert_eq!(values[2], ("i", Some(Any::IntValue(-5))));
         assert_eq!(values[3], ("b", Some(Any::BoolValue(true))));
+        let cut = format!("x{}", "é".repeat(2047));
+        assert_eq!(
+            values[4],
+            ("huge", Some(Any::StringValue(cut))),
+            "cut at a character"
+        );
         assert_eq!(span.links[0].span_id, vec![3; 8]);
         assert_eq!(span.links[0].flags, 0x301);
         let status = span.status.as_ref().expect("a status");
