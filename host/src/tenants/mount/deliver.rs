@@ -167,19 +167,22 @@ pub(super) async fn handle(
                 span.fail("settlement", error);
             }
         }
-        let carried_out = settled.instead.as_ref().unwrap_or(&plan);
-        let fate = fate(
-            outcome,
-            result.as_ref().err(),
-            carried_out,
-            settled.disposition,
-        );
+        // Put in words only when logged: the debug line is off by default.
+        let fate = || {
+            let carried_out = settled.instead.as_ref().unwrap_or(&plan);
+            fate(
+                outcome,
+                result.as_ref().err(),
+                carried_out,
+                settled.disposition,
+            )
+        };
         match &settled.error {
-            Some(error) => tracing::error!("{fate}; but the settlement is incomplete: {error}"),
+            Some(error) => tracing::error!("{}; but the settlement is incomplete: {error}", fate()),
             None => tracing::debug!(
                 %outcome,
                 disposition = settled.disposition.map(Disposition::as_str),
-                fate,
+                fate = fate(),
                 "handled"
             ),
         }
