@@ -12,6 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::{OtlpProtocol, Telemetry as TelemetryConfig};
+use wharf_core::endpoint::percent_decode;
 
 /// The gRPC method spans are exported with.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -166,34 +167,12 @@ fn headers(list: &str) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
                 .ok_or_else(|| format!("`{pair}` is not key=value"))?;
             let name = HeaderName::try_from(name.trim())
                 .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
-            let value = HeaderValue::try_from(percent_decoded(value.trim()))
-                .map_err(|_| format!("the value of `{name}` is not a header value"))?;
+            let value = percent_decode(value.trim())
+                .and_then(|value| HeaderValue::try_from(value).ok())
+                .ok_or_else(|| format!("the value of `{name}` is not a header value"))?;
             Ok((name, value))
         })
         .collect()
-}
-
-fn percent_decoded(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// Sends batches to one destination over connections it keeps.
