@@ -49,6 +49,14 @@ async fn main() -> anyhow::Result<()> {
             &["concurrency = 16", "[tenant.mount.grants]", "clocks = true"],
             &[],
         ),
+        // The same, held to a fifth of a core: the bound to set for a
+        // tenant on a host whose cores the broker shares.
+        load(
+            "short busy handlers held to max_cpu = 0.2",
+            "*:busy=1",
+            &["concurrency = 16", "[tenant.mount.grants]", "clocks = true"],
+            &["max_cpu = 0.2"],
+        ),
         // The broker traffic of a busy tenant without its CPU: what the
         // neighbour loses to the deliveries themselves (the broker's and
         // the host's work for them), which no CPU turn covers.

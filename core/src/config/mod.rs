@@ -23,7 +23,7 @@ use crate::grants::{
 };
 use crate::retry_key::RetryKey;
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
-pub use units::{parse_duration, parse_size};
+pub use units::{parse_cpu, parse_duration, parse_size};
 
 /// Whether an instance serves one delivery or several.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -443,6 +443,9 @@ pub struct TenantBudget {
     /// Bytes of the tenant's deliveries held at once, from when each is
     /// taken off its link until it is settled.
     pub max_buffered: u64,
+    /// Thousandths of a core the tenant's handlers may use together,
+    /// averaged over 100 ms; `None` leaves them every core.
+    pub max_cpu: Option<u32>,
     /// Outbound HTTP connections the tenant's handlers hold at once.
     pub max_http_connections: u32,
     /// Bytes per second the tenant's handlers may log (stdout, stderr and
@@ -470,6 +473,7 @@ impl Default for TenantBudget {
             max_memory: None,
             max_pending_copies: None,
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+            max_cpu: None,
             max_http_connections: TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
             log_rate: TenantBudget::DEFAULT_LOG_RATE,
             log_level: TenantBudget::DEFAULT_LOG_LEVEL,
@@ -687,6 +691,8 @@ struct RawTenant {
     max_pending_copies: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     max_buffered: Option<Spanned<u64>>,
+    #[serde(default, deserialize_with = "optional_cpu")]
+    max_cpu: Option<Spanned<u32>>,
     max_http_connections: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     log_rate: Option<Spanned<u64>>,
@@ -780,6 +786,22 @@ fn optional_duration<'de, D: serde::Deserializer<'de>>(
     Ok(Some(Spanned::new(span, value)))
 }
 
+fn optional_cpu<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Spanned<u32>>, D::Error> {
+    let raw = Spanned::<toml::Value>::deserialize(d)?;
+    let span = raw.span();
+    let value = match raw.get_ref() {
+        toml::Value::Integer(n) => parse_cpu(&n.to_string()),
+        toml::Value::Float(n) => parse_cpu(&n.to_string()),
+        toml::Value::String(text) => parse_cpu(text),
+        other => Err(format!(
+            "expected cores such as 0.5 or \"250m\", found {}",
+            other.type_str()
+        )),
+    }
+    .map_err(serde::de::Error::custom)?;
+    Ok(Some(Spanned::new(span, value)))
+}
+
 fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Spanned<u64>>, D::Error> {
     let raw = Spanned::<toml::Value>::deserialize(d)?;
     let span = raw.span();
@@ -839,6 +861,14 @@ impl Config {
             checker.positive(&here, "max_pending_copies", &tenant.max_pending_copies)?;
             checker.positive(&here, "max_buffered", &tenant.max_buffered)?;
             checker.positive(&here, "max_http_connections", &tenant.max_http_connections)?;
+            if let Some(cpu) = &tenant.max_cpu
+                && *cpu.get_ref() == 0
+            {
+                return Err(checker.invalid(
+                    cpu,
+                    format!("{here}: `max_cpu` must be at least \"1m\" (a thousandth of a core)"),
+                ));
+            }
             checker.positive(&here, "log_rate", &tenant.log_rate)?;
             let budget = TenantBudget {
                 max_running: tenant.max_running.map(Spanned::into_inner),
@@ -848,6 +878,7 @@ impl Config {
                     .max_buffered
                     .as_ref()
                     .map_or(TenantBudget::DEFAULT_MAX_BUFFERED, |b| *b.get_ref()),
+                max_cpu: tenant.max_cpu.map(Spanned::into_inner),
                 max_http_connections: tenant.max_http_connections.map_or(
                     TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
                     Spanned::into_inner,

@@ -222,6 +222,7 @@ name = "a"
 max_running = 4
 max_memory = "128MiB"
 max_pending_copies = 100
+max_cpu = "500m"
 max_http_connections = 8
 log_rate = "1KiB"
 log_level = "info"
@@ -257,6 +258,7 @@ fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
             max_memory: Some(128 << 20),
             max_pending_copies: Some(100),
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+            max_cpu: Some(500),
             max_http_connections: 8,
             log_rate: 1024,
             log_level: LogLevel::Info,
@@ -288,6 +290,25 @@ fn tenants_cannot_share_an_address_on_one_broker() {
     );
     // On different brokers the same name is a different node.
     parse(&TWO_TENANTS.replace("address = \"b.q\"", "address = \"a.q\"")).expect("valid config");
+}
+
+#[test]
+fn a_tenants_cpu_is_cores_or_thousandths_of_one() {
+    let cpu = |value: &str| {
+        parse(&TWO_TENANTS.replace("max_cpu = \"500m\"", &format!("max_cpu = {value}")))
+            .map(|config| config.tenants[0].budget.max_cpu)
+    };
+    assert_eq!(cpu("1").ok(), Some(Some(1000)));
+    assert_eq!(cpu("0.25").ok(), Some(Some(250)));
+    assert_eq!(cpu("\"1.5\"").ok(), Some(Some(1500)));
+    let e = cpu("0").expect_err("no CPU at all").to_string();
+    assert!(
+        e.contains("tenant `a`: `max_cpu` must be at least \"1m\""),
+        "{e}"
+    );
+    let e = cpu("\"lots\"").expect_err("not cores").to_string();
+    assert!(e.contains("`lots` is not a number of cores"), "{e}");
+    assert!(e.contains("line 12"), "{e}");
 }
 
 #[test]

@@ -34,6 +34,24 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| size_error(text))
 }
 
+/// Parses cores as thousandths of a core: `"250m"`, `"0.25"` or `"2"`.
+pub fn parse_cpu(text: &str) -> Result<u32, String> {
+    let error = || format!("`{text}` is not a number of cores; write e.g. 0.5, 2 or \"250m\"");
+    let trimmed = text.trim();
+    let millis = match trimmed.strip_suffix('m') {
+        Some(millis) => millis.parse::<u32>().map_err(|_| error())?,
+        None => {
+            let cores = trimmed.parse::<f64>().map_err(|_| error())?;
+            let millis = (cores * 1000.0).round();
+            if !(0.0..=f64::from(u32::MAX)).contains(&millis) {
+                return Err(error());
+            }
+            millis as u32
+        }
+    };
+    Ok(millis)
+}
+
 fn size_error(text: &str) -> String {
     format!("`{text}` is not a size; write e.g. \"64MiB\", \"512KiB\" or a number of bytes")
 }
@@ -69,6 +87,18 @@ pub(crate) fn optional_duration<'de, D: Deserializer<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cores() {
+        assert_eq!(parse_cpu("250m"), Ok(250));
+        assert_eq!(parse_cpu("0.25"), Ok(250));
+        assert_eq!(parse_cpu("2"), Ok(2000));
+        assert_eq!(parse_cpu("0"), Ok(0));
+        assert!(parse_cpu("-1").is_err());
+        assert!(parse_cpu("NaN").is_err());
+        assert!(parse_cpu("half").is_err());
+        assert!(parse_cpu("1.5m").is_err());
+    }
 
     #[test]
     fn durations() {

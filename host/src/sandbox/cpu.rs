@@ -12,6 +12,14 @@
 //! (their waiting calls are not even runnable), while a tenant alone gets
 //! every core.
 //!
+//! A tenant with `max_cpu` is also held to that much CPU time: each call's
+//! time on a turn is taken from an allowance that refills at `max_cpu`
+//! cores and holds at most [`ALLOWANCE_SPAN`] of it, and while the
+//! allowance is spent the tenant gets no turn (its waiting calls sleep
+//! until it is back), however idle the host. That bounds a tenant on a
+//! host that shares its cores with the broker, where an equal share of the
+//! turns still takes what the broker needs for the others' deliveries.
+//!
 //! On top of that, a handler that keeps running past
 //! [`LONG_RUNNING_AFTER_SLICES`] epoch ticks is deprioritised: from then on
 //! each of its slices needs its tenant's long-running slot (one slice of the
@@ -22,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -46,18 +54,12 @@ pub struct CpuLane {
 }
 
 impl CpuLane {
-    /// A lane of its own.
-    pub fn new() -> CpuLane {
+    /// A lane of its own, held to `max_cpu` thousandths of a core if set.
+    pub fn new(max_cpu: Option<u32>) -> CpuLane {
         CpuLane {
             slot: Arc::new(Semaphore::new(1)),
-            turns: Arc::new(Lane::new()),
+            turns: Arc::new(Lane::new(max_cpu)),
         }
-    }
-}
-
-impl Default for CpuLane {
-    fn default() -> CpuLane {
-        CpuLane::new()
     }
 }
 
@@ -127,11 +129,19 @@ struct Lane {
     window_used: AtomicU64,
     last_window_used: AtomicU64,
     window_start: AtomicU64,
+    /// Nanoseconds of CPU time it may use per second (`max_cpu`).
+    rate: Option<u64>,
+    /// What is left of its allowance, in nanoseconds; below zero while a
+    /// slice that started within it ran past it.
+    allowance: AtomicI64,
+    /// When `allowance` was last refilled, in microseconds since [`EPOCH`].
+    refilled: AtomicU64,
 }
 
 impl Lane {
-    fn new() -> Lane {
+    fn new(max_cpu: Option<u32>) -> Lane {
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        let rate = max_cpu.map(|millis| u64::from(millis) * 1_000_000);
         Lane {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             used: AtomicU64::new(0),
@@ -141,7 +151,49 @@ impl Lane {
             window_used: AtomicU64::new(0),
             last_window_used: AtomicU64::new(0),
             window_start: AtomicU64::new(0),
+            rate,
+            allowance: AtomicI64::new(rate.map_or(0, Lane::allowance_cap)),
+            refilled: AtomicU64::new(0),
         }
+    }
+
+    /// The most its allowance holds: [`ALLOWANCE_SPAN`] at its rate.
+    fn allowance_cap(rate: u64) -> i64 {
+        i64::try_from(u128::from(rate) * ALLOWANCE_SPAN.as_micros() / 1_000_000).unwrap_or(i64::MAX)
+    }
+
+    /// Whether its allowance is spent at `now`, after refilling it for the
+    /// time since the last refill.
+    fn spent(&self, now: u64) -> bool {
+        let Some(rate) = self.rate else {
+            return false;
+        };
+        let since = now.saturating_sub(self.refilled.fetch_max(now, Ordering::Relaxed));
+        let refill =
+            i64::try_from(u128::from(since) * u128::from(rate) / 1_000_000).unwrap_or(i64::MAX);
+        let allowance = self
+            .allowance
+            .load(Ordering::Relaxed)
+            .saturating_add(refill)
+            .min(Lane::allowance_cap(rate));
+        self.allowance.store(allowance, Ordering::Relaxed);
+        allowance <= 0
+    }
+
+    /// When its spent allowance is back above zero, in microseconds since
+    /// [`EPOCH`]; `None` while some is left.
+    fn allowance_back_at(&self) -> Option<u64> {
+        let rate = self.rate?;
+        let owed = self.allowance.load(Ordering::Relaxed);
+        if owed > 0 {
+            return None;
+        }
+        let wait = u128::from(owed.unsigned_abs() + 1) * 1_000_000 / u128::from(rate);
+        Some(
+            self.refilled
+                .load(Ordering::Relaxed)
+                .saturating_add(u64::try_from(wait + 1).unwrap_or(u64::MAX)),
+        )
     }
 
     /// Whether it used more than [`HEAVY_SHARE`] of a core lately: only
@@ -158,6 +210,11 @@ impl Lane {
 
     fn charge(&self, ran: u64, now: u64) {
         self.used.fetch_add(ran, Ordering::Relaxed);
+        if self.rate.is_some() {
+            self.spent(now);
+            self.allowance
+                .fetch_sub(i64::try_from(ran).unwrap_or(i64::MAX), Ordering::Relaxed);
+        }
         let window = ACTIVE_FOR.as_micros() as u64;
         let start = self.window_start.load(Ordering::Relaxed);
         if now.saturating_sub(start) >= window {
@@ -181,6 +238,10 @@ const HEAVY_SHARE: f64 = 0.25;
 /// How recently a tenant must have asked for a turn to count as active:
 /// the cores are shared among the active tenants.
 const ACTIVE_FOR: Duration = Duration::from_millis(100);
+
+/// The time over which `max_cpu` is averaged: a tenant held to it runs a
+/// burst of this much at its rate, then at its rate.
+const ALLOWANCE_SPAN: Duration = Duration::from_millis(100);
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
@@ -229,12 +290,15 @@ enum TicketState {
 }
 
 impl TurnState {
-    /// The most turns `lane` may hold: for a tenant whose handlers use
-    /// much CPU, an equal share of the cores among the active tenants, so
-    /// its handlers, however short, leave cores to the others' handlers and
-    /// to the host's own work.
-    fn cap(&self, lane: &Lane) -> usize {
-        if lane.heavy() {
+    /// The most turns `lane` may hold at `now`: none while its `max_cpu`
+    /// allowance is spent; for a tenant whose handlers use much CPU, an
+    /// equal share of the cores among the active tenants, so its handlers,
+    /// however short, leave cores to the others' handlers and to the host's
+    /// own work.
+    fn cap(&self, lane: &Lane, now: u64) -> usize {
+        if lane.spent(now) {
+            0
+        } else if lane.heavy() {
             self.cores.div_ceil(self.active.len().max(1))
         } else {
             self.cores
@@ -268,13 +332,13 @@ impl TurnState {
 
     /// Gives free turns to waiting tenants under their cap, the one that
     /// has used least first; returns the wakers of the calls granted.
-    fn dispatch(&mut self) -> Vec<Waker> {
+    fn dispatch(&mut self, now: u64) -> Vec<Waker> {
         let mut wakers = Vec::new();
         while self.free > 0 {
             let Some(next) = (0..self.waiting.len())
                 .filter(|&i| {
                     let lane = &self.waiting[i].0;
-                    lane.holding.load(Ordering::Relaxed) < self.cap(lane)
+                    lane.holding.load(Ordering::Relaxed) < self.cap(lane, now)
                 })
                 .min_by_key(|&i| self.waiting[i].0.used.load(Ordering::Relaxed))
             else {
@@ -324,25 +388,26 @@ impl Turns {
         let mut state = lock(&self.state);
         state.sweep(now);
         state.note_asked(lane, now);
-        let result = if state.free > 0 && lane.holding.load(Ordering::Relaxed) < state.cap(lane) {
-            state.hand_out(lane);
-            state.clock = state.clock.max(lane.used.load(Ordering::Relaxed));
-            Ok(())
-        } else {
-            let ticket = Arc::new(Ticket::default());
-            match state.waiting.iter_mut().find(|(l, _)| l.id == lane.id) {
-                Some((_, queue)) => queue.push_back(ticket.clone()),
-                None => {
-                    lane.used.fetch_max(state.clock, Ordering::Relaxed);
-                    state
-                        .waiting
-                        .push((lane.clone(), VecDeque::from([ticket.clone()])));
+        let result =
+            if state.free > 0 && lane.holding.load(Ordering::Relaxed) < state.cap(lane, now) {
+                state.hand_out(lane);
+                state.clock = state.clock.max(lane.used.load(Ordering::Relaxed));
+                Ok(())
+            } else {
+                let ticket = Arc::new(Ticket::default());
+                match state.waiting.iter_mut().find(|(l, _)| l.id == lane.id) {
+                    Some((_, queue)) => queue.push_back(ticket.clone()),
+                    None => {
+                        lane.used.fetch_max(state.clock, Ordering::Relaxed);
+                        state
+                            .waiting
+                            .push((lane.clone(), VecDeque::from([ticket.clone()])));
+                    }
                 }
-            }
-            Err(ticket)
-        };
+                Err(ticket)
+            };
         // A sweep may have raised the cap of tenants already waiting.
-        let wakers = state.dispatch();
+        let wakers = state.dispatch(now);
         drop(state);
         wakers.into_iter().for_each(Waker::wake);
         result
@@ -351,11 +416,23 @@ impl Turns {
     /// Gives a turn back after `ran`.
     fn give_back(&self, lane: &Lane, ran: Duration, now: Instant) {
         let ran = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
+        let now = micros(now);
         let mut state = lock(&self.state);
-        lane.charge(ran, micros(now));
+        lane.charge(ran, now);
         lane.holding.fetch_sub(1, Ordering::Relaxed);
         state.free += 1;
-        let wakers = state.dispatch();
+        let wakers = state.dispatch(now);
+        drop(state);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// Hands out free turns again once `lane`'s allowance has come back:
+    /// no turn given back may come to do it.
+    fn allowance_back(&self, lane: &Lane, now: Instant) {
+        let now = micros(now);
+        let mut state = lock(&self.state);
+        lane.spent(now);
+        let wakers = state.dispatch(now);
         drop(state);
         wakers.into_iter().for_each(Waker::wake);
     }
@@ -366,6 +443,8 @@ pub(crate) struct OnCpu<F> {
     call: Pin<Box<F>>,
     lane: Arc<Lane>,
     ticket: Option<Arc<Ticket>>,
+    /// While it waits behind its tenant's spent allowance: until when.
+    allowance_back: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<F: Future> OnCpu<F> {
@@ -374,6 +453,28 @@ impl<F: Future> OnCpu<F> {
             call: Box::pin(call),
             lane: lane.turns.clone(),
             ticket: None,
+            allowance_back: None,
+        }
+    }
+
+    /// While its tenant's allowance is spent, sleeps until it is back and
+    /// then has the turns handed out again.
+    fn wait_for_allowance(&mut self, cx: &mut Context<'_>) {
+        let Some(back) = self.lane.allowance_back_at() else {
+            self.allowance_back = None;
+            return;
+        };
+        let at = tokio::time::Instant::from_std(*EPOCH + Duration::from_micros(back));
+        let sleep = self
+            .allowance_back
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if sleep.deadline() != at {
+            sleep.as_mut().reset(at);
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.allowance_back = None;
+            TURNS.allowance_back(&self.lane, Instant::now());
+            cx.waker().wake_by_ref();
         }
     }
 }
@@ -392,10 +493,13 @@ impl<F: Future> Future for OnCpu<F> {
             let mut state = lock(&ticket.state);
             if !matches!(*state, TicketState::Granted) {
                 *state = TicketState::Parked(cx.waker().clone());
+                drop(state);
+                this.wait_for_allowance(cx);
                 return Poll::Pending;
             }
             drop(state);
             this.ticket = None;
+            this.allowance_back = None;
         }
         let started = Instant::now();
         let polled = this.call.as_mut().poll(cx);
@@ -430,7 +534,7 @@ mod tests {
     use super::*;
 
     fn lane() -> Arc<Lane> {
-        CpuLane::new().turns
+        CpuLane::new(None).turns
     }
 
     impl std::fmt::Debug for Ticket {
@@ -528,6 +632,41 @@ mod tests {
         // A hundred milliseconds without a word from the neighbour: both
         // cores are the busy tenant's again.
         assert!(turns.take(&busy, at(200)).is_ok());
+    }
+
+    #[test]
+    fn a_tenant_past_its_max_cpu_waits_for_its_allowance_on_an_idle_host() {
+        let turns = Turns::new(2);
+        // A tenth of a core: 10 ms of allowance, refilled at 1 ms per 10 ms.
+        let limited = CpuLane::new(Some(100)).turns;
+        turns.take(&limited, at(0)).expect("a free turn");
+        // A slice runs 15 ms: 5 ms owed, though both cores are free.
+        turns.give_back(&limited, 15 * MS, at(15));
+        let waiting = turns
+            .take(&limited, at(15))
+            .expect_err("a turn past the allowance");
+        assert_eq!(
+            limited.allowance_back_at(),
+            Some(micros(at(15)) + 50_001),
+            "5 ms come back at a tenth of a core in 50 ms"
+        );
+        turns.allowance_back(&limited, at(60));
+        assert!(!granted(&waiting), "granted before the allowance was back");
+        turns.allowance_back(&limited, at(66));
+        assert!(granted(&waiting), "not granted once it was back");
+        // Another tenant is not held by it.
+        let other = lane();
+        assert!(turns.take(&other, at(23)).is_ok());
+    }
+
+    #[test]
+    fn an_allowance_holds_at_most_its_span() {
+        let limited = CpuLane::new(Some(500)).turns;
+        assert!(!limited.spent(micros(at(0))));
+        // A second idle: still only 50 ms (100 ms at half a core) to spend.
+        limited.charge(50_000_000, micros(at(1000)));
+        assert!(limited.spent(micros(at(1000))));
+        assert!(!limited.spent(micros(at(1001))));
     }
 
     #[test]

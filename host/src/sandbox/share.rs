@@ -16,7 +16,7 @@ use crate::config::{LogLevel, TenantBudget};
 pub struct TenantShare {
     /// Instance memory, if the tenant sets `max_memory`.
     pub memory: Option<MemoryBudget>,
-    /// Where its long-running handlers take turns.
+    /// Where its handlers take turns on the cores.
     pub lane: CpuLane,
     /// Its outbound HTTP connections.
     pub http_connections: HttpConnections,
@@ -29,7 +29,7 @@ impl TenantShare {
     pub fn new(budget: &TenantBudget) -> TenantShare {
         TenantShare {
             memory: budget.max_memory.map(MemoryBudget::new),
-            lane: CpuLane::new(),
+            lane: CpuLane::new(budget.max_cpu),
             http_connections: HttpConnections::new(budget.max_http_connections),
             log: GuestLog::new(budget.log_rate, budget.log_level),
         }

@@ -364,7 +364,7 @@ mod tests {
             HttpConnections::new(1),
             GuestLog::new(1 << 20, LogLevel::Error),
         ));
-        let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new());
+        let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new(None));
         state.begin_call(Instant::now());
         let line = "x".repeat(1000);
         for _ in 0..100 {
