@@ -3,6 +3,7 @@
 //! hurt nobody else.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use wharf::config::Config;
 use wharf::events::Event;
@@ -466,23 +467,24 @@ async fn a_tenant_keeps_its_share_beside_a_tenant_running_many_short_handlers() 
     Ok(())
 }
 
-#[tokio::test]
-async fn max_cpu_holds_a_tenant_to_its_share_of_a_core_on_an_idle_host() -> anyhow::Result<()> {
-    const DELIVERIES: usize = 20;
-    let queue = unique("capped");
+/// Runs `count` deliveries with `script` on a tenant whose budget line is
+/// `budget` (on a mount taking 4 at once), all accepted; returns the time
+/// from the first handled to the last.
+async fn handled_over(budget: &str, script: &str, count: usize) -> anyhow::Result<Duration> {
+    let queue = unique("held");
     let mount = MountToml::new("m", SCRIPT, &queue)
         .with("concurrency = 4")
         .with("[tenant.mount.grants]")
         .with("clocks = true");
-    let tenant = TenantToml::new("capped", vec![mount]).with("max_cpu = \"50m\"");
+    let tenant = TenantToml::new("held", vec![mount]).with(budget);
     let (mut host, mut client) = start_tenants("", &[tenant]).await?;
-    let ids: Vec<String> = (0..DELIVERIES).map(|n| format!("{queue}.{n}")).collect();
-    client.publish_scripted(&queue, &ids, "*:busy=10").await?;
+    let ids: Vec<String> = (0..count).map(|n| format!("{queue}.{n}")).collect();
+    client.publish_scripted(&queue, &ids, script).await?;
     let mut first = None;
     for _ in &ids {
         let handled = host
             .next(|e| match e {
-                Event::Handled(h) if &*h.tenant == "capped" => Some(h.clone()),
+                Event::Handled(h) if &*h.tenant == "held" => Some(h.clone()),
                 _ => None,
             })
             .await?;
@@ -491,19 +493,37 @@ async fn max_cpu_holds_a_tenant_to_its_share_of_a_core_on_an_idle_host() -> anyh
             Some(Disposition::Accepted),
             "{handled:?}"
         );
-        first.get_or_insert_with(std::time::Instant::now);
+        first.get_or_insert_with(Instant::now);
     }
     let spread = first.expect("deliveries handled").elapsed();
-    eprintln!("{DELIVERIES} handlers of 10 ms at max_cpu = 50m: handled over {spread:?}");
+    eprintln!("{count} deliveries `{script}` with `{budget}`: handled over {spread:?}");
+    host.stop().await?;
+    client.close().await;
+    Ok(spread)
+}
+
+#[tokio::test]
+async fn max_cpu_holds_a_tenant_to_its_share_of_a_core_on_an_idle_host() -> anyhow::Result<()> {
+    let spread = handled_over("max_cpu = \"50m\"", "*:busy=10", 20).await?;
     // 190 ms of CPU after the first, 5 ms of it from the allowance: 3.7 s
     // at a twentieth of a core (a load on the machine only stretches it);
     // unheld, two cores run them in about a tenth of a second.
     assert!(
-        spread >= std::time::Duration::from_secs(2),
+        spread >= Duration::from_secs(2),
         "held to 50m, 20 handlers of 10 ms were handled over {spread:?}"
     );
-    host.stop().await?;
-    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_rate_spaces_a_tenants_deliveries_evenly() -> anyhow::Result<()> {
+    let spread = handled_over("max_rate = 20", "*:ack", 40).await?;
+    // Three at once (a tenth of a second's worth beside the first), then
+    // one every 50 ms: the last starts 1.85 s after the first.
+    assert!(
+        spread >= Duration::from_millis(1500),
+        "at 20 a second, 40 deliveries were handled over {spread:?}"
+    );
     Ok(())
 }
 

@@ -66,6 +66,13 @@ async fn main() -> anyhow::Result<()> {
             &["concurrency = 16"],
             &[],
         ),
+        // The same, held to 500 deliveries a second.
+        load(
+            "acking, held to max_rate = 500",
+            "*:ack",
+            &["concurrency = 16"],
+            &["max_rate = 500"],
+        ),
         load(
             "header maps in a loop",
             "*:fields",

@@ -443,6 +443,8 @@ pub struct TenantBudget {
     /// Bytes of the tenant's deliveries held at once, from when each is
     /// taken off its link until it is settled.
     pub max_buffered: u64,
+    /// Deliveries a second the tenant's mounts start, together.
+    pub max_rate: Option<u32>,
     /// Thousandths of a core the tenant's handlers may use together,
     /// averaged over 100 ms; `None` leaves them every core.
     pub max_cpu: Option<u32>,
@@ -473,6 +475,7 @@ impl Default for TenantBudget {
             max_memory: None,
             max_pending_copies: None,
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+            max_rate: None,
             max_cpu: None,
             max_http_connections: TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,
             log_rate: TenantBudget::DEFAULT_LOG_RATE,
@@ -691,6 +694,7 @@ struct RawTenant {
     max_pending_copies: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     max_buffered: Option<Spanned<u64>>,
+    max_rate: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_cpu")]
     max_cpu: Option<Spanned<u32>>,
     max_http_connections: Option<Spanned<u32>>,
@@ -861,6 +865,7 @@ impl Config {
             checker.positive(&here, "max_pending_copies", &tenant.max_pending_copies)?;
             checker.positive(&here, "max_buffered", &tenant.max_buffered)?;
             checker.positive(&here, "max_http_connections", &tenant.max_http_connections)?;
+            checker.positive(&here, "max_rate", &tenant.max_rate)?;
             if let Some(cpu) = &tenant.max_cpu
                 && *cpu.get_ref() == 0
             {
@@ -878,6 +883,7 @@ impl Config {
                     .max_buffered
                     .as_ref()
                     .map_or(TenantBudget::DEFAULT_MAX_BUFFERED, |b| *b.get_ref()),
+                max_rate: tenant.max_rate.map(Spanned::into_inner),
                 max_cpu: tenant.max_cpu.map(Spanned::into_inner),
                 max_http_connections: tenant.max_http_connections.map_or(
                     TenantBudget::DEFAULT_MAX_HTTP_CONNECTIONS,

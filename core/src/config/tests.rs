@@ -223,6 +223,7 @@ max_running = 4
 max_memory = "128MiB"
 max_pending_copies = 100
 max_cpu = "500m"
+max_rate = 2000
 max_http_connections = 8
 log_rate = "1KiB"
 log_level = "info"
@@ -258,6 +259,7 @@ fn tenants_have_budgets_brokers_and_the_host_an_admin_listener() {
             max_memory: Some(128 << 20),
             max_pending_copies: Some(100),
             max_buffered: TenantBudget::DEFAULT_MAX_BUFFERED,
+            max_rate: Some(2000),
             max_cpu: Some(500),
             max_http_connections: 8,
             log_rate: 1024,

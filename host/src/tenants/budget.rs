@@ -3,9 +3,11 @@
 //! takes no more off its link (its credit is not renewed), so reaching a
 //! budget slows the tenant down and never fails or loses a delivery.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::config::TenantBudget;
 use crate::sandbox::TenantShare;
@@ -16,8 +18,41 @@ pub(crate) struct TenantLimits {
     mounts: u32,
     running: Option<Arc<Semaphore>>,
     pending_copies: Option<Arc<Semaphore>>,
+    pace: Option<Pace>,
     buffered: Buffered,
     share: TenantShare,
+}
+
+/// A tenant's `max_rate`: deliveries start at most that many a second,
+/// [`Pace::BURST`] of them at once after a quiet spell.
+struct Pace {
+    interval: Duration,
+    /// When the next delivery would start if they all came evenly spaced.
+    next: Mutex<Instant>,
+}
+
+impl Pace {
+    /// How far ahead of its even spacing a delivery may start.
+    const BURST: Duration = Duration::from_millis(100);
+
+    fn new(per_second: u32) -> Pace {
+        Pace {
+            interval: Duration::from_secs(1) / per_second.max(1),
+            next: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Waits for this delivery's time to start: its slot in the even
+    /// spacing, less the burst.
+    async fn wait(&self) {
+        let at = {
+            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = (*next).max(Instant::now());
+            *next = slot + self.interval;
+            slot.checked_sub(Pace::BURST).unwrap_or(slot)
+        };
+        tokio::time::sleep_until(at).await;
+    }
 }
 
 /// Bytes of deliveries held from when each is taken off its link until it
@@ -101,6 +136,7 @@ impl TenantLimits {
             mounts: u32::try_from(mounts).unwrap_or(u32::MAX).max(1),
             running: budget.max_running.map(semaphore),
             pending_copies: budget.max_pending_copies.map(semaphore),
+            pace: budget.max_rate.map(Pace::new),
             buffered: Buffered::new(budget.max_buffered),
             share: TenantShare::new(&budget),
         })
@@ -123,6 +159,9 @@ impl TenantLimits {
 
     /// Waits until the tenant may run one more delivery.
     pub(crate) async fn admit(&self) -> Admission {
+        if let Some(pace) = &self.pace {
+            pace.wait().await;
+        }
         Admission {
             running: acquire(&self.running).await,
             _copy_slot: acquire(&self.pending_copies).await,
@@ -183,6 +222,34 @@ mod tests {
         let _room = tokio::time::timeout(std::time::Duration::from_secs(1), buffered.hold(1))
             .await
             .expect("room once a delivery was settled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_rate_lets_a_burst_through_then_spaces_deliveries_evenly() {
+        let limits = TenantLimits::new(
+            TenantBudget {
+                max_rate: Some(100),
+                ..TenantBudget::default()
+            },
+            1,
+        );
+        let started = Instant::now();
+        // A tenth of a second's worth at once, beside the first.
+        for _ in 0..11 {
+            let _ = limits.admit().await;
+        }
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        for _ in 0..100 {
+            let _ = limits.admit().await;
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        // After a quiet spell the burst is back, and no more than it.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let quiet = Instant::now();
+        for _ in 0..12 {
+            let _ = limits.admit().await;
+        }
+        assert_eq!(quiet.elapsed(), Duration::from_millis(10));
     }
 
     #[tokio::test(start_paused = true)]
