@@ -239,8 +239,8 @@ const HEAVY_SHARE: f64 = 0.25;
 /// the cores are shared among the active tenants.
 const ACTIVE_FOR: Duration = Duration::from_millis(100);
 
-/// The time over which `max_cpu` is averaged: a tenant held to it runs a
-/// burst of this much at its rate, then at its rate.
+/// The time over which `max_cpu` is averaged: after a quiet spell a
+/// tenant may use this span's worth of its rate at once.
 const ALLOWANCE_SPAN: Duration = Duration::from_millis(100);
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
