@@ -504,7 +504,10 @@ async fn handled_over(budget: &str, script: &str, count: usize) -> anyhow::Resul
 
 #[tokio::test]
 async fn max_cpu_holds_a_tenant_to_its_share_of_a_core_on_an_idle_host() -> anyhow::Result<()> {
-    let spread = handled_over("max_cpu = \"50m\"", "*:busy=10", 20).await?;
+    // `work`, not `busy`: a handler that reads the wall clock to know when
+    // it is done would finish on waking from a wait for the allowance,
+    // having used only part of its 10 ms.
+    let spread = handled_over("max_cpu = \"50m\"", "*:work=10", 20).await?;
     // 190 ms of CPU after the first, 5 ms of it from the allowance: 3.7 s
     // at a twentieth of a core (a load on the machine only stretches it);
     // unheld, two cores run them in about a tenth of a second.

@@ -19,7 +19,10 @@
 //! `http://HOST:PORT/slow` without waiting for any, then loop forever),
 //! `shout=BYTES` (log that much at `error` in lines of 100 bytes, then
 //! trap), `grow=MIB` (allocate and touch MIB MiB, then ack), `toil=MS`
-//! (compute for MS milliseconds, then retry).
+//! (compute for MS milliseconds, then retry), `work=MS` (compute until it
+//! has run for MS milliseconds, then ack: unlike `busy`, time the call
+//! spent paused does not count, so it costs MS of CPU however it is
+//! scheduled).
 //!
 //! Before its action a step may publish, with effects joined to it by commas
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
@@ -214,6 +217,9 @@ fn act(d: &Delivery, action: &str) -> Outcome {
             if let Some(Ok(ms)) = other.strip_prefix("busy=").map(str::parse) {
                 busy(Duration::from_millis(ms));
             }
+            if let Some(Ok(ms)) = other.strip_prefix("work=").map(str::parse) {
+                work(Duration::from_millis(ms));
+            }
             Outcome::Ack
         }
     }
@@ -274,6 +280,24 @@ fn busy(time: Duration) {
     let start = std::time::Instant::now();
     while start.elapsed() < time {
         std::hint::spin_loop();
+    }
+}
+
+/// Spins until it has run for `time`: a gap between two clock reads of
+/// a millisecond or more is a pause (the host holding the call, or the
+/// thread descheduled), not running.
+fn work(time: Duration) {
+    const PAUSED: Duration = Duration::from_millis(1);
+    let mut ran = Duration::ZERO;
+    let mut last = std::time::Instant::now();
+    while ran < time {
+        std::hint::spin_loop();
+        let now = std::time::Instant::now();
+        let gap = now - last;
+        if gap < PAUSED {
+            ran += gap;
+        }
+        last = now;
     }
 }
 
