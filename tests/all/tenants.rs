@@ -451,8 +451,8 @@ async fn a_tenant_keeps_its_share_beside_a_tenant_running_many_short_handlers() 
             .to_vec(),
         tenant: Vec::new(),
     };
-    let alone = neighbour_beside(None).await?;
-    let beside = neighbour_beside(Some(&busy)).await?;
+    let alone = neighbour_beside(None, 2000).await?;
+    let beside = neighbour_beside(Some(&busy), 2000).await?;
     let ratio = beside.throughput / alone.throughput;
     eprintln!(
         "neighbour of 1 ms handlers: {:.0}/s alone, {:.0}/s beside (ratio {ratio:.2}); p99 {:?} alone, {:?} beside",

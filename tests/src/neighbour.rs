@@ -39,8 +39,6 @@ pub struct NeighbourFigures {
     pub hostile_taken: u64,
 }
 
-/// Deliveries of the neighbour's backlog; the first tenth warm up.
-const BACKLOG: usize = 2000;
 /// Deliveries published one by one at [`STEADY_EVERY`] for the latency.
 const STEADY: usize = 1000;
 const STEADY_EVERY: Duration = Duration::from_millis(4);
@@ -49,8 +47,13 @@ const HOSTILE_QUEUED: u64 = 4000;
 const HOSTILE_BATCH: usize = 500;
 
 /// Runs the neighbour (a handler that sends one output and acks) on a
-/// `wharf` process, beside `hostile` when given, and measures it.
-pub async fn neighbour_beside(hostile: Option<&HostileLoad>) -> anyhow::Result<NeighbourFigures> {
+/// `wharf` process, beside `hostile` when given, and measures it: its
+/// throughput over a `backlog` of deliveries (the first tenth warm up; a
+/// longer one is a steadier figure), then its latency.
+pub async fn neighbour_beside(
+    hostile: Option<&HostileLoad>,
+    backlog: usize,
+) -> anyhow::Result<NeighbourFigures> {
     let url = artemis_url();
     let neighbour = unique("calm");
     let outputs_address = format!("{neighbour}.out");
@@ -80,10 +83,8 @@ pub async fn neighbour_beside(hostile: Option<&HostileLoad>) -> anyhow::Result<N
     let script = format!("*:send={outputs_address},ack");
     let mut client = Client::connect(&url).await?;
     let mut outputs = client.watch(&outputs_address).await?;
-    let backlog: Vec<String> = (0..BACKLOG).map(|i| format!("{neighbour}.b{i}")).collect();
-    client
-        .publish_scripted(&neighbour, &backlog, &script)
-        .await?;
+    let ids: Vec<String> = (0..backlog).map(|i| format!("{neighbour}.b{i}")).collect();
+    client.publish_scripted(&neighbour, &ids, &script).await?;
     let stop_topping = Arc::new(AtomicBool::new(false));
     let topper = hostile.map(|load| {
         tokio::spawn(top_up(
@@ -105,17 +106,17 @@ pub async fn neighbour_beside(hostile: Option<&HostileLoad>) -> anyhow::Result<N
     }
     let mut wharf = WharfProcess::start_config(&tenants_text(&url, "", &tenants)).await?;
     let mut window_start = None;
-    for i in 0..BACKLOG {
+    for i in 0..backlog {
         outputs
             .next()
             .await
             .with_context(|| format!("backlog output {i}"))?;
-        if i + 1 == BACKLOG / 10 {
+        if i + 1 == backlog / 10 {
             window_start = Some(Instant::now());
         }
     }
     let window = window_start.expect("the backlog has a warm-up").elapsed();
-    let throughput = (BACKLOG - BACKLOG / 10) as f64 / window.as_secs_f64();
+    let throughput = (backlog - backlog / 10) as f64 / window.as_secs_f64();
     let (mut publisher, mut sent) = (Client::connect(&url).await?, Vec::with_capacity(STEADY));
     let steady = tokio::spawn(async move {
         let mut every = tokio::time::interval(STEADY_EVERY);
