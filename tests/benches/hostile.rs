@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use wharf_tests::bench::{self, median};
 use wharf_tests::neighbour::{HostileLoad, NeighbourFigures, neighbour_beside};
 
 fn load(name: &'static str, script: &str, mount: &[&str], tenant: &[&str]) -> HostileLoad {
@@ -131,11 +132,7 @@ async fn main() -> anyhow::Result<()> {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let rounds: usize = std::env::var("WHARF_BENCH_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(3)
-        .max(1);
+    let rounds = bench::rounds(3);
     let mut summary = Vec::new();
     for load in loads
         .iter()
@@ -191,10 +188,4 @@ async fn main() -> anyhow::Result<()> {
         println!("| {name} | {t_rounds:.2} | {t_medians:.2} | {p_rounds:.2} | {p_medians:.2} |");
     }
     Ok(())
-}
-
-fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut values: Vec<f64> = values.collect();
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }

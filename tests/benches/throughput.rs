@@ -28,7 +28,7 @@ use fe2o3_amqp::{Receiver, Sender, Session};
 use wharf::broker::message::AmqpMessage;
 use wharf::config::Config;
 use wharf::events::Event;
-use wharf_tests::bench::{self, Broker, brokers, host, host_with, rate};
+use wharf_tests::bench::{self, Broker, brokers, host, host_with, median, rate};
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
 /// Messages per throughput measurement (`WHARF_BENCH_MESSAGES` overrides).
@@ -169,8 +169,9 @@ async fn wharf_rate(
 /// What exporting spans costs the Rust `ack` handler (reuse): tracing
 /// off, on with every trace sampled out, and on with every trace sampled
 /// and exported to a collector in a process of its own (so its work is
-/// not counted as wharf's CPU time); each the mean of two rounds taken in
-/// turn, as ratios to tracing off.
+/// not counted as wharf's CPU time); each the median of
+/// `WHARF_BENCH_ROUNDS` rounds (default 5) taken in turn, as ratios to
+/// tracing off: the machine's load moves single rounds by a fifth.
 async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt as _;
     let mut collector = tokio::process::Command::new(std::env::current_exe()?)
@@ -195,25 +196,54 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         ("tracing on, every trace sampled out", on("always_off")),
         ("tracing on, every trace exported", on("always_on")),
     ];
-    let mut sums = vec![(0.0, Duration::ZERO); cases.len()];
-    for _ in 0..2 {
-        for (sum, (_, top)) in sums.iter_mut().zip(&cases) {
-            let measured =
-                wharf_rate(broker, "ack", &["instance = \"reuse\""], 1, messages(), top).await?;
-            sum.0 += measured.rate / 2.0;
-            sum.1 += measured.cpu_per_message / 2;
+    let mut runs = vec![Vec::new(); cases.len()];
+    for round in 0..bench::rounds(5) {
+        // Each round starts with another case: the run after another
+        // finds the broker busier (its last acknowledgements, its
+        // collector), which would count against the later cases.
+        for i in (0..cases.len()).map(|i| (i + round) % cases.len()) {
+            let measured = wharf_rate(
+                broker,
+                "ack",
+                &["instance = \"reuse\""],
+                1,
+                messages(),
+                &cases[i].1,
+            )
+            .await?;
+            runs[i].push((measured.rate, measured.cpu_per_message.as_secs_f64()));
         }
     }
-    println!("\n| Rust `ack`, reuse | msg/s | vs off | CPU per message | vs off |");
+    // Each round's ratio to its own tracing-off run, then the median of
+    // those: a round shares its drift with its baseline.
+    let ratios = |case: &[(f64, f64)], figure: fn(&(f64, f64)) -> f64| {
+        median(
+            runs[0]
+                .iter()
+                .zip(case)
+                .map(|(off, on)| figure(on) / figure(off).max(1e-12)),
+        )
+    };
+    println!(
+        "\n| Rust `ack`, reuse | msg/s (median) | vs off (median of rounds) | CPU per message | vs off |"
+    );
     println!("|---|---|---|---|---|");
-    let (off_rate, off_cpu) = sums[0];
-    for ((name, _), (rate, cpu)) in cases.iter().zip(&sums) {
+    for ((name, _), case) in cases.iter().zip(&runs) {
         println!(
-            "| {name} | {rate:.0} | {:.2}× | {:.1} µs | {:.2}× |",
-            rate / off_rate,
-            cpu.as_secs_f64() * 1e6,
-            cpu.as_secs_f64() / off_cpu.as_secs_f64().max(1e-9)
+            "| {name} | {:.0} | {:.2}× | {:.1} µs | {:.2}× |",
+            median(case.iter().map(|r| r.0)),
+            ratios(case, |r| r.0),
+            median(case.iter().map(|r| r.1)) * 1e6,
+            ratios(case, |r| r.1),
         );
+    }
+    for ((name, _), case) in cases.iter().zip(&runs).skip(1) {
+        let each: Vec<String> = runs[0]
+            .iter()
+            .zip(case)
+            .map(|(off, on)| format!("{:.2}", on.0 / off.0))
+            .collect();
+        println!("{name}: throughput vs off by round {}", each.join(", "));
     }
     drop(collector.stdin.take());
     let received = said.next_line().await?.unwrap_or_default();

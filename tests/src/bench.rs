@@ -35,6 +35,22 @@ pub fn messages(default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Rounds per measured case: `WHARF_BENCH_ROUNDS`, else `default`.
+pub fn rounds(default: usize) -> usize {
+    std::env::var("WHARF_BENCH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
+/// The median of `values` (the upper one of an even count).
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 /// A broker to measure on.
 pub struct Broker {
     /// Its name in the report.
