@@ -93,12 +93,12 @@ impl TraceContext {
 
     /// The trace id in hex, as logs and trace viewers show it.
     pub fn trace_id_hex(&self) -> String {
-        to_hex(&self.trace_id)
+        Hex(&self.trace_id).to_string()
     }
 
     /// The span id in hex.
     pub fn span_id_hex(&self) -> String {
-        to_hex(&self.span_id)
+        Hex(&self.span_id).to_string()
     }
 
     /// The first span of a new trace, with `flags`.
@@ -323,20 +323,42 @@ fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
-fn to_hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(2 * bytes.len());
-    push_hex(&mut out, bytes);
-    out
+/// Bytes shown in lowercase hex (an id in a log line), written without
+/// a string of their own.
+pub struct Hex<'a>(pub &'a [u8]);
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut digits = [0; 32];
+        for chunk in self.0.chunks(16) {
+            for (pair, byte) in digits.chunks_exact_mut(2).zip(chunk) {
+                pair.copy_from_slice(&hex_pair(*byte));
+            }
+            let text =
+                std::str::from_utf8(&digits[..2 * chunk.len()]).map_err(|_| std::fmt::Error)?;
+            f.write_str(text)?;
+        }
+        Ok(())
+    }
 }
 
 /// Appends `bytes` in lowercase hex: on every delivery's path, so without
 /// the formatting machinery.
 fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for byte in bytes {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+        let [high, low] = hex_pair(*byte);
+        out.push(char::from(high));
+        out.push(char::from(low));
     }
+}
+
+/// A byte's two lowercase hex digits.
+fn hex_pair(byte: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [
+        DIGITS[usize::from(byte >> 4)],
+        DIGITS[usize::from(byte & 0x0f)],
+    ]
 }
 
 /// A span id no other span of this process has: a counter through a
@@ -390,6 +412,17 @@ mod tests {
             application_properties: Some(vec![(key.to_owned(), value)]),
             ..AmqpMessage::empty()
         }
+    }
+
+    #[test]
+    fn hex_shows_every_byte_of_any_length() {
+        assert_eq!(Hex(&[]).to_string(), "");
+        assert_eq!(Hex(&[0x0f, 0xa0]).to_string(), "0fa0");
+        let bytes: Vec<u8> = (0..=20).collect();
+        let mut expected = String::new();
+        push_hex(&mut expected, &bytes);
+        assert_eq!(Hex(&bytes).to_string(), expected);
+        assert_eq!(expected.len(), 42);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
+use tracing::{Instrument, field};
 
 use super::attach::MountContext;
 use super::settle::{self, Arrived, Settler};
@@ -18,7 +18,7 @@ use crate::events::{Event, Handled};
 use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
 use crate::settlement::{self, Disposition, HandlerResult, Outcome, Plan, Publish};
 use crate::tenants::budget::Room;
-use wharf_core::trace::TraceContext;
+use wharf_core::trace::{Hex, TraceContext};
 
 /// Runs the handler on one delivery and carries out the plan for its
 /// outcome. `handler_slot`, one of the mount's `concurrency`, is given
@@ -95,8 +95,8 @@ pub(super) async fn handle(
         tenant = &*spec.tags.tenant,
         mount = &*spec.tags.mount,
         attempt,
-        trace_id = trace.as_ref().map(TraceContext::trace_id_hex),
-        span_id = trace.as_ref().map(TraceContext::span_id_hex),
+        trace_id = trace.as_ref().map(|t| field::display(Hex(&t.trace_id))),
+        span_id = trace.as_ref().map(|t| field::display(Hex(&t.span_id))),
     );
     async move {
         // Room in the tenant's budgets first, then an instance of the module
