@@ -170,7 +170,7 @@ async fn wharf_rate(
 /// off, on with every trace sampled out, and on with every trace sampled
 /// and exported to a collector in a process of its own (so its work is
 /// not counted as wharf's CPU time); each the median of
-/// `WHARF_BENCH_ROUNDS` rounds (default 5) taken in turn, as ratios to
+/// `WHARF_BENCH_ROUNDS` rounds (default 6) taken in turn, as ratios to
 /// tracing off: the machine's load moves single rounds by a fifth.
 async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt as _;
@@ -180,6 +180,7 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
+    let stdin = collector.stdin.as_mut().expect("piped");
     let stdout = collector.stdout.take().expect("piped");
     let mut said = tokio::io::BufReader::new(stdout).lines();
     let endpoint = said
@@ -197,11 +198,22 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         ("tracing on, every trace exported", on("always_on")),
     ];
     let mut runs = vec![Vec::new(); cases.len()];
-    for round in 0..bench::rounds(5) {
-        // Each round starts with another case: the run after another
-        // finds the broker busier (its last acknowledgements, its
-        // collector), which would count against the later cases.
-        for i in (0..cases.len()).map(|i| (i + round) % cases.len()) {
+    let n = cases.len();
+    for round in 0..bench::rounds(6) {
+        // A run may find the machine still busy with the one before it
+        // (the broker's last acknowledgements, freed memory): each case
+        // goes first in turn, and every other three rounds in reverse
+        // order, so that over six rounds each case follows each other one
+        // equally often.
+        let first = round % n;
+        let reversed = (round / n) % 2 == 1;
+        for i in (0..n).map(|i| {
+            if reversed {
+                (first + n - i) % n
+            } else {
+                (first + i) % n
+            }
+        }) {
             let measured = wharf_rate(
                 broker,
                 "ack",
@@ -212,6 +224,7 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
             )
             .await?;
             runs[i].push((measured.rate, measured.cpu_per_message.as_secs_f64()));
+            collector_quiet(stdin, &mut said).await?;
         }
     }
     // Each round's ratio to its own tracing-off run, then the median of
@@ -245,25 +258,48 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
             .collect();
         println!("{name}: throughput vs off by round {}", each.join(", "));
     }
-    drop(collector.stdin.take());
+    collector.stdin.take();
     let received = said.next_line().await?.unwrap_or_default();
     println!("({received} spans exported to the collector)\n");
     Ok(())
 }
 
 /// The child process of [`tracing_cost`]: an OTLP collector that prints
-/// its endpoint, counts the spans it decodes until its stdin closes, then
-/// prints how many it received.
+/// its endpoint, then counts the spans it decodes, printing how many it
+/// has received for every line read from stdin and once more when stdin
+/// closes.
 async fn collector_here() -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt as _;
     let collector = wharf_tests::collector::Collector::start_counting().await?;
     println!("{}", collector.http);
-    let mut line = String::new();
-    tokio::io::BufReader::new(tokio::io::stdin())
-        .read_line(&mut line)
-        .await?;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while lines.next_line().await?.is_some() {
+        println!("{}", collector.count());
+    }
     println!("{}", collector.count());
     Ok(())
+}
+
+/// Waits (at most a minute) until the collector has received no span
+/// for half a second: a host stopped before its export queue drained
+/// goes on exporting, which the next case would pay for.
+async fn collector_quiet(
+    stdin: &mut tokio::process::ChildStdin,
+    said: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while tokio::time::Instant::now() < deadline {
+        stdin.write_all(b"count\n").await?;
+        let count = said.next_line().await?;
+        if count.is_some() && count == last {
+            return Ok(());
+        }
+        last = count;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    anyhow::bail!("the collector was still receiving spans after a minute")
 }
 
 /// Tells a profiler started with `perf record --control=fifo:PATH -D -1` to
