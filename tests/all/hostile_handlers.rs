@@ -274,10 +274,14 @@ async fn a_handler_logging_at_full_speed_at_error_is_held_to_its_tenants_rate_an
     // alone would let 4 × 64 KiB through: 2,621 lines.
     let allowed = RATE * (2 + took.as_secs() as usize) / 100;
     println!(
-        "hostile logging: {DELIVERIES} handlers each logging 256 KiB at error, {} lines of 100 bytes logged in {took:?} at a rate of {RATE} bytes/s (at most {allowed}), at warn; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB",
+        "hostile logging: {DELIVERIES} handlers each logging 256 KiB at error, {} lines of 100 bytes logged in {took:?} at a rate of {RATE} bytes/s (at most {allowed}), at warn; {NEIGHBOUR} neighbour deliveries handled; peak RSS {} MiB; open fds {} before, {} after",
         logged.len(),
-        report.peak_rss >> 20
+        report.peak_rss >> 20,
+        report.fds_before,
+        report.fds_after,
     );
+    assert!(report.peak_rss < RSS_BOUND, "{}", report.peak_rss);
+    assert!(report.fds_after <= report.fds_before + 8);
     assert!(
         !logged.is_empty() && logged.len() <= allowed,
         "{} lines",

@@ -260,8 +260,40 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
     }
     collector.stdin.take();
     let received = said.next_line().await?.unwrap_or_default();
-    println!("({received} spans exported to the collector)\n");
+    println!("({received} spans exported to the collector)");
+    // Off, a delivery's only tracing work is looking for a context and
+    // declining to make spans: too little for the rounds above to tell
+    // apart, so it is timed on its own, against a delivery's CPU time.
+    let off_work = off_tracing_work();
+    let off_cpu = median(runs[0].iter().map(|r| r.1));
+    println!(
+        "tracing off: {:.0} ns of each delivery's {:.1} µs of CPU is tracing's ({:.3}× the CPU of none)\n",
+        off_work.as_secs_f64() * 1e9,
+        off_cpu * 1e6,
+        1.0 + off_work.as_secs_f64() / off_cpu.max(1e-12),
+    );
     Ok(())
+}
+
+/// The time per delivery of what tracing off does on a delivery's path:
+/// reading the bench's message for a publisher's context (there is none),
+/// and asking for the `process` span and a child of it (`settle`), which
+/// off are not made.
+fn off_tracing_work() -> Duration {
+    use std::hint::black_box;
+    use wharf::telemetry::{Kind, Telemetry};
+    use wharf::trace::TraceContext;
+    const TIMES: u32 = 1_000_000;
+    let message = message("off".to_owned());
+    let telemetry = Telemetry::off();
+    let started = Instant::now();
+    for _ in 0..TIMES {
+        let publisher = TraceContext::of(black_box(&message)).ok().flatten();
+        let (trace, span) = telemetry.process(publisher.as_ref(), format_args!("process q"));
+        let settle = telemetry.child(trace.as_ref(), format_args!("settle q"), Kind::Client);
+        black_box((trace, span, settle));
+    }
+    started.elapsed() / TIMES
 }
 
 /// The child process of [`tracing_cost`]: an OTLP collector that prints
