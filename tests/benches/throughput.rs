@@ -258,7 +258,7 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
             .collect();
         println!("{name}: throughput vs off by round {}", each.join(", "));
     }
-    collector.stdin.take();
+    drop(collector.stdin.take());
     let received = said.next_line().await?.unwrap_or_default();
     println!("({received} spans exported to the collector)");
     // Off, a delivery's only tracing work is looking for a context and

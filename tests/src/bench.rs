@@ -128,10 +128,11 @@ pub async fn prefill(
 ) -> anyhow::Result<()> {
     let mut client = Client::connect(url).await?;
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        // Artemis now and then stops granting a sender credit mid-chunk
-        // (once in ~100 runs of 200,000): the chunk goes again on a new
-        // connection. The queue then holds a few more than `n`, which
-        // nothing here counts on.
+        // Now and then a sender stalls mid-chunk on Artemis, the broker
+        // idle and the client waiting (twice in ~450 prefills of
+        // 200,000): the chunk goes again on a new connection. The queue
+        // then holds up to a chunk more than `n`, which nothing measured
+        // counts on.
         loop {
             let messages = chunk.iter().map(|i| make(*i));
             let sent = client.publish_many(address, messages);
