@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use wharf_tests::bench::{self, median};
+use wharf_tests::bench::{self, median, median_ratio};
 use wharf_tests::neighbour::{HostileLoad, NeighbourFigures, neighbour_beside};
 
 fn load(name: &'static str, script: &str, mount: &[&str], tenant: &[&str]) -> HostileLoad {
@@ -154,14 +154,8 @@ async fn main() -> anyhow::Result<()> {
             alone_runs.push(alone);
             beside_runs.push(beside);
         }
-        let paired = |figure: fn(&NeighbourFigures) -> f64| {
-            median(
-                alone_runs
-                    .iter()
-                    .zip(&beside_runs)
-                    .map(|(a, b)| figure(b) / figure(a)),
-            )
-        };
+        let paired =
+            |figure: fn(&NeighbourFigures) -> f64| median_ratio(&alone_runs, &beside_runs, figure);
         let apart = |figure: fn(&NeighbourFigures) -> f64| {
             median(beside_runs.iter().map(figure)) / median(alone_runs.iter().map(figure))
         };

@@ -28,7 +28,7 @@ use fe2o3_amqp::{Receiver, Sender, Session};
 use wharf::broker::message::AmqpMessage;
 use wharf::config::Config;
 use wharf::events::Event;
-use wharf_tests::bench::{self, Broker, brokers, host, host_with, median, rate};
+use wharf_tests::bench::{self, Broker, brokers, host, host_with, median, median_ratio, rate};
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
 /// Messages per throughput measurement (`WHARF_BENCH_MESSAGES` overrides).
@@ -198,22 +198,8 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         ("tracing on, every trace exported", on("always_on")),
     ];
     let mut runs = vec![Vec::new(); cases.len()];
-    let n = cases.len();
     for round in 0..bench::rounds(6) {
-        // A run may find the machine still busy with the one before it
-        // (the broker's last acknowledgements, freed memory): each case
-        // goes first in turn, and every other three rounds in reverse
-        // order, so that over six rounds each case follows each other one
-        // equally often.
-        let first = round % n;
-        let reversed = (round / n) % 2 == 1;
-        for i in (0..n).map(|i| {
-            if reversed {
-                (first + n - i) % n
-            } else {
-                (first + i) % n
-            }
-        }) {
+        for i in balanced_order(round, cases.len()) {
             let measured = wharf_rate(
                 broker,
                 "ack",
@@ -227,16 +213,6 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
             collector_quiet(stdin, &mut said).await?;
         }
     }
-    // Each round's ratio to its own tracing-off run, then the median of
-    // those: a round shares its drift with its baseline.
-    let ratios = |case: &[(f64, f64)], figure: fn(&(f64, f64)) -> f64| {
-        median(
-            runs[0]
-                .iter()
-                .zip(case)
-                .map(|(off, on)| figure(on) / figure(off).max(1e-12)),
-        )
-    };
     println!(
         "\n| Rust `ack`, reuse | msg/s (median) | vs off (median of rounds) | CPU per message | vs off |"
     );
@@ -245,9 +221,9 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         println!(
             "| {name} | {:.0} | {:.2}× | {:.1} µs | {:.2}× |",
             median(case.iter().map(|r| r.0)),
-            ratios(case, |r| r.0),
+            median_ratio(&runs[0], case, |r| r.0),
             median(case.iter().map(|r| r.1)) * 1e6,
-            ratios(case, |r| r.1),
+            median_ratio(&runs[0], case, |r| r.1),
         );
     }
     for ((name, _), case) in cases.iter().zip(&runs).skip(1) {
@@ -273,6 +249,23 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         1.0 + off_work.as_secs_f64() / off_cpu.max(1e-12),
     );
     Ok(())
+}
+
+/// The order of `n` cases in `round`. A run may find the machine still
+/// busy with the one before it (the broker's last acknowledgements, freed
+/// memory): each case goes first in turn, and every other `n` rounds in
+/// reverse order, so that over `2n` rounds each case follows each other
+/// one equally often.
+fn balanced_order(round: usize, n: usize) -> impl Iterator<Item = usize> {
+    let first = round % n;
+    let reversed = (round / n) % 2 == 1;
+    (0..n).map(move |i| {
+        if reversed {
+            (first + n - i) % n
+        } else {
+            (first + i) % n
+        }
+    })
 }
 
 /// The time per delivery of what tracing off does on a delivery's path:

@@ -27,21 +27,22 @@ pub fn init_logging() {
         .try_init();
 }
 
-/// Messages per measurement: `WHARF_BENCH_MESSAGES`, else `default`.
-pub fn messages(default: usize) -> usize {
-    std::env::var("WHARF_BENCH_MESSAGES")
+/// The number in the environment variable `name`, else `default`.
+fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(default)
 }
 
+/// Messages per measurement: `WHARF_BENCH_MESSAGES`, else `default`.
+pub fn messages(default: usize) -> usize {
+    count_from_env("WHARF_BENCH_MESSAGES", default)
+}
+
 /// Rounds per measured case: `WHARF_BENCH_ROUNDS`, else `default`.
 pub fn rounds(default: usize) -> usize {
-    std::env::var("WHARF_BENCH_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
-        .max(1)
+    count_from_env("WHARF_BENCH_ROUNDS", default).max(1)
 }
 
 /// The median of `values` (the upper one of an even count).
@@ -49,6 +50,18 @@ pub fn median(values: impl Iterator<Item = f64>) -> f64 {
     let mut values: Vec<f64> = values.collect();
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// The median over rounds of `figure` in `measured` against `figure` in
+/// the same round's `baseline`: a round shares its drift with its
+/// baseline.
+pub fn median_ratio<T>(baseline: &[T], measured: &[T], figure: impl Fn(&T) -> f64) -> f64 {
+    median(
+        baseline
+            .iter()
+            .zip(measured)
+            .map(|(base, it)| figure(it) / figure(base).max(1e-12)),
+    )
 }
 
 /// A broker to measure on.
