@@ -11,7 +11,9 @@
 //! - [`backoff`]: waits between attempts;
 //! - [`words`]: AMQP conditions and outcomes as a person reads them.
 
+pub mod address;
 pub mod backoff;
+pub mod brokers;
 pub mod config;
 pub mod endpoint;
 pub mod grants;
@@ -19,6 +21,7 @@ pub mod message;
 pub mod retry_key;
 pub mod sampler;
 pub mod settlement;
+pub mod text;
 pub mod tls;
 pub mod trace;
 pub mod words;

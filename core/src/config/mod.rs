@@ -17,11 +17,13 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::backoff::BackoffPolicy;
+use crate::brokers::BrokerKind;
 use crate::grants::{
     AddressOwners, AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
     ReplyGrant,
 };
 use crate::retry_key::RetryKey;
+use crate::text;
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_cpu, parse_duration, parse_size};
 
@@ -933,16 +935,27 @@ impl Config {
                 }
                 let addresses = std::iter::once(&mount.address).chain(&mount.dead_letter);
                 for address in addresses {
-                    let key = (broker_url.clone(), address.get_ref().clone());
-                    let owner = owners.entry(key).or_insert_with(|| tenant_name.clone());
-                    if *owner != tenant_name {
+                    if let Err(e) = crate::address::plain(address.get_ref()) {
                         return Err(checker.invalid(
                             address,
-                            format!(
-                                "{here}: address `{}` already belongs to tenant `{owner}`; tenants cannot share addresses",
-                                address.get_ref()
-                            ),
+                            format!("{here}: address `{}` is refused: {e}", text::shown(address.get_ref())),
                         ));
+                    }
+                    // Compared as brokers read them: `/queues/orders` on
+                    // RabbitMQ is `orders`.
+                    let pattern = AddressPattern::new(address.get_ref().clone());
+                    for name in crate::address::pattern_names(BrokerKind::Other, &pattern) {
+                        let key = (broker_url.clone(), name.as_str().to_owned());
+                        let owner = owners.entry(key).or_insert_with(|| tenant_name.clone());
+                        if *owner != tenant_name {
+                            return Err(checker.invalid(
+                                address,
+                                format!(
+                                    "{here}: address `{}` already belongs to tenant `{owner}`; tenants cannot share addresses",
+                                    address.get_ref()
+                                ),
+                            ));
+                        }
                     }
                 }
                 if let Some(send) = &mount.grants.send {
@@ -1385,8 +1398,11 @@ impl Checker<'_> {
                 if pattern.is_literal() {
                     continue;
                 }
+                let read = crate::address::pattern_names(BrokerKind::Other, &pattern);
                 let foreign = owners.iter().find(|((broker, address), owner)| {
-                    *broker == grant.broker && **owner != grant.tenant && pattern.matches(address)
+                    *broker == grant.broker
+                        && **owner != grant.tenant
+                        && read.iter().any(|p| p.matches(address))
                 });
                 if let Some(((_, address), owner)) = foreign {
                     return Err(self.invalid(

@@ -295,6 +295,28 @@ fn tenants_cannot_share_an_address_on_one_broker() {
 }
 
 #[test]
+fn tenants_cannot_share_an_address_under_another_spelling() {
+    let one_broker = TWO_TENANTS.replace(
+        "[tenant.broker]\nurl = \"amqp://other:5672\"\ncontainer_id = \"b\"\n",
+        "",
+    );
+    for spelling in ["/queues/a%2Eq", "queue://a.q", "a.q::x"] {
+        let e = error(&one_broker.replace("address = \"b.q\"", &format!("address = \"{spelling}\"")));
+        assert!(e.contains("already belongs to tenant `a`"), "{spelling}: {e}");
+    }
+}
+
+#[test]
+fn an_address_longer_than_wharf_attaches_to_is_refused() {
+    let long = "q".repeat(crate::address::MAX_ADDRESS_BYTES + 1);
+    let e = error(&TWO_TENANTS.replace("address = \"b.q\"", &format!("address = \"{long}\"")));
+    assert!(
+        e.contains("tenant `b`, mount `m`: address `qqqq") && e.contains("over the limit of 1024"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_tenants_cpu_is_cores_or_thousandths_of_one() {
     let cpu = |value: &str| {
         parse(&TWO_TENANTS.replace("max_cpu = \"500m\"", &format!("max_cpu = {value}")))

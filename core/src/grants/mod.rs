@@ -2,12 +2,12 @@
 //! their delivery, as the config declares it. The sandbox enforces them.
 
 mod http;
-mod replies;
+mod destinations;
 
 use std::collections::BTreeMap;
 
 pub use http::{BadHttpPattern, Guarded, Host, HttpGrants, HttpPattern, Target, guarded};
-pub use replies::{AddressOwners, ReplyGrant, system_address};
+pub use destinations::{AddressOwners, Refusal, ReplyGrant, system_name};
 
 /// What a mount's handlers may use beyond computing on their delivery.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -183,6 +183,31 @@ impl Reader<'_> {
 /// Checks `payload` against `limits` without decoding it, and returns where
 /// each top-level value (each message section) lies.
 pub fn check(payload: &[u8], limits: ValueLimits) -> Result<Vec<Range<usize>>, Unreadable> {
+    measure(payload, limits).map(|measured| measured.sections)
+}
+
+/// What walking a payload found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Measured {
+    /// Where each top-level value (each message section) lies.
+    pub sections: Vec<Range<usize>>,
+    /// About how many bytes of memory the payload takes once decoded: each
+    /// value at the size of a decoded AMQP value with its place in a
+    /// container, plus the bytes of its text or binary. A payload of small
+    /// values takes many times its own size.
+    pub decoded_bytes: u64,
+}
+
+/// What one decoded value takes beside its text or bytes: the value
+/// itself and its place in a list or map.
+pub const DECODED_VALUE_BYTES: u64 = std::mem::size_of::<fe2o3_amqp_types::primitives::Value>()
+    as u64
+    + 16;
+
+/// Checks `payload` against `limits` as [`check`] does, and says about how
+/// much memory it takes decoded.
+pub fn measure(payload: &[u8], limits: ValueLimits) -> Result<Measured, Unreadable> {
+    let mut variable_bytes: u64 = 0;
     let mut reader = Reader {
         bytes: payload,
         at: 0,
@@ -220,7 +245,14 @@ pub fn check(payload: &[u8], limits: ValueLimits) -> Result<Vec<Range<usize>>, U
                     None => reader.constructor()?,
                 }
             }
-            None if reader.at == payload.len() => return Ok(sections),
+            None if reader.at == payload.len() => {
+                return Ok(Measured {
+                    sections,
+                    decoded_bytes: items
+                        .saturating_mul(DECODED_VALUE_BYTES)
+                        .saturating_add(variable_bytes),
+                });
+            }
             None => {
                 section_start = reader.at;
                 count(&mut items, 1)?;
@@ -235,6 +267,7 @@ pub fn check(payload: &[u8], limits: ValueLimits) -> Result<Vec<Range<usize>>, U
             Layout::Variable(width) => {
                 let len = reader.length(width)?;
                 reader.take(len)?;
+                variable_bytes += len as u64;
                 None
             }
             Layout::Described => {
@@ -438,6 +471,24 @@ mod tests {
             Some(vec![(0x70, 0..4), (0x77, 4..payload.len())])
         );
         assert_eq!(sections(&[0x00, 0x53, 0x75, 0xa0, 0x10, 0x01]), None);
+    }
+
+    #[test]
+    fn small_values_are_measured_at_their_decoded_size() {
+        // An amqp-value list of 1,000 `true`s: 1,005 bytes on the wire.
+        let mut payload = vec![0x00, 0x53, 0x77, 0xd0];
+        payload.extend_from_slice(&(4 + 1000u32).to_be_bytes());
+        payload.extend_from_slice(&1000u32.to_be_bytes());
+        payload.extend(std::iter::repeat_n(0x41, 1000));
+        let measured = measure(&payload, ValueLimits::DEFAULT).expect("within limits");
+        assert_eq!(measured.decoded_bytes, 1003 * DECODED_VALUE_BYTES);
+        assert!(measured.decoded_bytes > 40 * payload.len() as u64);
+        // A binary counts its bytes once.
+        let mut binary = vec![0x00, 0x53, 0x75, 0xb0];
+        binary.extend_from_slice(&5000u32.to_be_bytes());
+        binary.extend(std::iter::repeat_n(7, 5000));
+        let measured = measure(&binary, ValueLimits::DEFAULT).expect("within limits");
+        assert_eq!(measured.decoded_bytes, 3 * DECODED_VALUE_BYTES + 5000);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! there, but clients send lists and maps anyway, and a message must never
 //! be lost because it says more than the spec allows.
 
+mod copy;
 pub mod limits;
 mod seal;
 pub(crate) mod sections;
@@ -23,6 +24,7 @@ pub use crate::retry_key::RetryKey;
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
 use limits::ValueLimits;
 pub use seal::RETRY_SEAL_PROPERTY;
+pub use copy::{CopyOf, copy_payload};
 pub use sections::DecodeFailure;
 pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};
 
@@ -41,6 +43,9 @@ const ACQUIRED_COUNT_ANNOTATION: &str = "x-acquired-count";
 /// The annotation Artemis schedules a message by: milliseconds since the
 /// Unix epoch, as a long.
 pub const DELIVERY_TIME_ANNOTATION: &str = "x-opt-delivery-time";
+
+/// The longest message-id an [`AmqpMessage::identity`] shows as it is.
+pub const MAX_IDENTITY_ID: usize = 128;
 
 /// A message, section by section.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +110,13 @@ impl AmqpMessage {
     /// Decodes an encoded message, whatever types its application
     /// properties hold.
     pub fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
+        sections::decode(payload).map(|(message, _)| message)
+    }
+
+    /// Decodes an encoded message as [`AmqpMessage::decode`] does, and says
+    /// about how many bytes of memory the decoded message takes (see
+    /// [`limits::Measured::decoded_bytes`]).
+    pub fn decode_measured(payload: &[u8]) -> Result<(AmqpMessage, u64), DecodeFailure> {
         sections::decode(payload)
     }
 
@@ -246,7 +258,8 @@ impl AmqpMessage {
     /// the same in every section but the header are one. Its trace context
     /// is not part of it: a copy published twice (a crash between
     /// publishing it and settling its original) carries two span ids but
-    /// is one message.
+    /// is one message. A message-id over [`MAX_IDENTITY_ID`] bytes is
+    /// digested with the rest, so an identity is at most about 150 bytes.
     pub fn identity(&self) -> String {
         use sha2::{Digest as _, Sha256};
         let mut digest = Sha256::new();
@@ -274,13 +287,20 @@ impl AmqpMessage {
                 None => digest.update(view::body_bytes(&self.body).0),
             }
         }
+        // A long id is digested too: what is made of the identity (output
+        // ids, keys of maps) stays short whatever the publisher chose.
+        let id = self.message_id();
+        let long_id = id.as_ref().filter(|id| id.len() > MAX_IDENTITY_ID);
+        if let Some(id) = long_id {
+            digest.update(id.as_bytes());
+        }
         let hex: String = digest.finalize()[..12]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        match self.message_id() {
-            Some(id) => format!("{id}#{hex}"),
-            None => format!("sha256:{hex}"),
+        match id {
+            Some(id) if long_id.is_none() => format!("{id}#{hex}"),
+            _ => format!("sha256:{hex}"),
         }
     }
 

@@ -17,7 +17,7 @@ pub const RETRY_SEAL_PROPERTY: &str = "x-wharf-retry-seal";
 impl AmqpMessage {
     /// The seal of this message carrying `retry_count`: over its
     /// message-id, its body's digest and the count.
-    fn retry_seal(&self, key: &RetryKey, retry_count: u32) -> String {
+    pub(super) fn retry_seal(&self, key: &RetryKey, retry_count: u32) -> String {
         let mut data = Vec::new();
         data.extend_from_slice(self.message_id().unwrap_or_default().as_bytes());
         data.push(b'\n');

@@ -15,22 +15,43 @@ use serde_amqp::read::{Read as _, SliceReader};
 
 use super::AmqpMessage;
 use super::limits::{self, ValueLimits};
+use crate::text::{self, DESCRIPTION_BYTES};
 
 /// A message that is not AMQP: what is wrong with it, for the
-/// `amqp:decode-error` the host rejects it with.
+/// `amqp:decode-error` the host rejects it with. Its words are bounded
+/// ([`DESCRIPTION_BYTES`]) and quote the message only through escaped,
+/// bounded renderings, so they fit any frame and any log line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct DecodeFailure(pub String);
+pub struct DecodeFailure(String);
+
+impl DecodeFailure {
+    /// A failure saying `why`, cut to [`DESCRIPTION_BYTES`].
+    pub fn new(why: String) -> DecodeFailure {
+        DecodeFailure(text::bounded(why, DESCRIPTION_BYTES))
+    }
+
+    /// What is wrong, in words.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 const HEADER: u64 = 0x70;
 const DELIVERY_ANNOTATIONS: u64 = 0x71;
-pub(super) const MESSAGE_ANNOTATIONS: u64 = 0x72;
-const PROPERTIES: u64 = 0x73;
+pub(crate) const MESSAGE_ANNOTATIONS: u64 = 0x72;
+pub(crate) const PROPERTIES: u64 = 0x73;
 pub(crate) const APPLICATION_PROPERTIES: u64 = 0x74;
 const DATA: u64 = 0x75;
 const SEQUENCE: u64 = 0x76;
 const VALUE: u64 = 0x77;
 const FOOTER: u64 = 0x78;
+
+/// Whether a section of `code` is part of the body (`data`,
+/// `amqp-sequence`, `amqp-value`).
+pub(crate) fn is_body(code: u64) -> bool {
+    matches!(code, DATA | SEQUENCE | VALUE)
+}
 
 /// The section codes by their symbolic names, which a sender may use instead.
 const NAMES: [(&str, u64); 9] = [
@@ -45,10 +66,12 @@ const NAMES: [(&str, u64); 9] = [
     ("amqp:footer:map", FOOTER),
 ];
 
-pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
+/// The message, and about how many bytes of memory it takes decoded.
+pub(super) fn decode(payload: &[u8]) -> Result<(AmqpMessage, u64), DecodeFailure> {
     // Nothing is decoded until the whole payload is known to be within the
     // limits: decoding recurses once per level of nesting.
-    limits::check(payload, ValueLimits::DEFAULT).map_err(|e| DecodeFailure(e.to_string()))?;
+    let measured = limits::measure(payload, ValueLimits::DEFAULT)
+        .map_err(|e| DecodeFailure::new(e.to_string()))?;
     let mut message = AmqpMessage::empty();
     let mut data = Vec::new();
     let mut sequences = Vec::new();
@@ -60,7 +83,7 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
             .map_err(|e| failure(index, "is not an AMQP value", e))?;
         let bytes = section.as_slice();
         let code = section_code(bytes).ok_or_else(|| {
-            DecodeFailure(format!(
+            DecodeFailure::new(format!(
                 "section {index} is not a described message section"
             ))
         })?;
@@ -97,7 +120,7 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
                 Err(_) => message.unread.push((code, section.as_bytes().clone())),
             },
             other => {
-                return Err(DecodeFailure(format!(
+                return Err(DecodeFailure::new(format!(
                     "section {index} has the unknown descriptor {other:#x}"
                 )));
             }
@@ -108,16 +131,20 @@ pub(super) fn decode(payload: &[u8]) -> Result<AmqpMessage, DecodeFailure> {
         (false, true, Body::Empty) => message.body = Body::Data(Batch::new(data)),
         (true, false, Body::Empty) => message.body = Body::Sequence(Batch::new(sequences)),
         _ => {
-            return Err(DecodeFailure(
+            return Err(DecodeFailure::new(
                 "the body mixes data, amqp-sequence and amqp-value sections".to_owned(),
             ));
         }
     }
-    Ok(message)
+    Ok((message, measured.decoded_bytes))
 }
 
 fn failure(index: usize, what: &str, error: serde_amqp::Error) -> DecodeFailure {
-    DecodeFailure(format!("section {index} ({what}) does not decode: {error}"))
+    // A decoder's words may quote what it read.
+    DecodeFailure::new(format!(
+        "section {index} ({what}) does not decode: {}",
+        text::shown(&error.to_string())
+    ))
 }
 
 fn typed_section<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_amqp::Error> {
@@ -157,24 +184,58 @@ pub(crate) fn application_properties(
     bytes: &[u8],
 ) -> Result<Vec<(String, Value)>, DecodeFailure> {
     let Ok(Value::Described(described)) = serde_amqp::from_slice::<Value>(bytes) else {
-        return Err(DecodeFailure(format!(
+        return Err(DecodeFailure::new(format!(
             "section {index} (application properties) does not decode"
         )));
     };
     let Value::Map(map) = described.value else {
-        return Err(DecodeFailure(format!(
+        return Err(DecodeFailure::new(format!(
             "section {index} (application properties) is not a map"
         )));
     };
     map.into_iter()
-        .map(|(key, value)| match key {
+        .enumerate()
+        .map(|(at, (key, value))| match key {
             Value::String(key) => Ok((key, value)),
             Value::Symbol(key) => Ok((key.0, value)),
-            other => Err(DecodeFailure(format!(
-                "application property key {other:?} is not a string"
+            other => Err(DecodeFailure::new(format!(
+                "application property {} has a key of type {}, not a string",
+                at + 1,
+                type_name(&other)
             ))),
         })
         .collect()
+}
+
+/// The AMQP name of a value's type, to say what it is without quoting it.
+pub(crate) fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Ubyte(_) => "ubyte",
+        Value::Ushort(_) => "ushort",
+        Value::Uint(_) => "uint",
+        Value::Ulong(_) => "ulong",
+        Value::Byte(_) => "byte",
+        Value::Short(_) => "short",
+        Value::Int(_) => "int",
+        Value::Long(_) => "long",
+        Value::Float(_) => "float",
+        Value::Double(_) => "double",
+        Value::Decimal32(_) => "decimal32",
+        Value::Decimal64(_) => "decimal64",
+        Value::Decimal128(_) => "decimal128",
+        Value::Char(_) => "char",
+        Value::Timestamp(_) => "timestamp",
+        Value::Uuid(_) => "uuid",
+        Value::Binary(_) => "binary",
+        Value::String(_) => "string",
+        Value::Symbol(_) => "symbol",
+        Value::Described(_) => "described",
+        Value::List(_) => "list",
+        Value::Map(_) => "map",
+        Value::Array(_) => "array",
+    }
 }
 
 /// The application-properties section holding `properties`, string keys.
@@ -192,7 +253,7 @@ pub(crate) fn application_properties_section(properties: &[(String, Value)]) -> 
 pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
     fn put(out: &mut Vec<u8>, section: &impl serde::Serialize) -> Result<(), DecodeFailure> {
         let bytes = serde_amqp::to_vec(section)
-            .map_err(|e| DecodeFailure(format!("cannot encode the message: {e}")))?;
+            .map_err(|e| DecodeFailure::new(format!("cannot encode the message: {e}")))?;
         out.extend_from_slice(&bytes);
         Ok(())
     }
@@ -230,6 +291,6 @@ pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
     // The encoder has cases it cannot read back (an array of empty lists):
     // what the host could not read itself, it does not publish.
     limits::check(&out, ValueLimits::DEFAULT)
-        .map_err(|e| DecodeFailure(format!("the message cannot be read back once encoded: {e}")))?;
+        .map_err(|e| DecodeFailure::new(format!("the message cannot be read back once encoded: {e}")))?;
     Ok(Bytes::from(out))
 }

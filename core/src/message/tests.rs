@@ -279,10 +279,10 @@ fn handler_sees_body_and_properties() {
 #[test]
 fn garbage_is_a_decode_failure_that_says_where() {
     let error = AmqpMessage::decode(&[0x00, 0x53, 0x70, 0xff]).expect_err("garbage");
-    assert!(error.0.contains("byte 3"), "{error}");
+    assert!(error.as_str().contains("byte 3"), "{error}");
     let not_described = serde_amqp::to_vec(&Value::Int(3)).expect("encode");
     let error = AmqpMessage::decode(&not_described).expect_err("bare value");
-    assert!(error.0.contains("not a described"), "{error}");
+    assert!(error.as_str().contains("not a described"), "{error}");
 }
 
 #[test]
@@ -364,5 +364,137 @@ fn what_would_not_decode_is_never_encoded() {
     let error = message
         .encode()
         .expect_err("the encoder's output is malformed");
-    assert!(error.0.contains("cannot be read back"), "{error}");
+    assert!(error.as_str().contains("cannot be read back"), "{error}");
+}
+
+/// A delivery with every section a copy keeps or changes.
+fn full_delivery() -> AmqpMessage {
+    let mut m = message();
+    m.header = Some(Header {
+        durable: true,
+        delivery_count: 4,
+        ..Header::default()
+    });
+    m.message_annotations = Some(
+        MessageAnnotations::builder()
+            .insert(Symbol::from("x-opt-keep"), Value::String("kept".into()))
+            .insert(Symbol::from("x-delivery-count"), Value::Long(4))
+            .insert(Symbol::from("traceparent"), Value::String("old".into()))
+            .build(),
+    );
+    let properties = m.application_properties.get_or_insert_with(Vec::new);
+    properties.push((RETRY_COUNT_PROPERTY.to_owned(), Value::Uint(1)));
+    properties.push((ARTEMIS_DUPLICATE_ID.to_owned(), Value::String("d-1".into())));
+    properties.push(("_AMQ_ROUTE_TO".to_owned(), Value::String("x".into())));
+    m
+}
+
+#[test]
+fn a_copy_from_the_bytes_reads_as_the_decoded_copy() {
+    let delivery = full_delivery();
+    let payload = delivery.encode().expect("encode");
+    let due = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+    for due in [None, Some(due)] {
+        let of = CopyOf {
+            retry_count: 2,
+            due,
+            ..CopyOf::default()
+        };
+        let copy = copy_payload(&payload, &delivery, of).expect("copied");
+        let read = AmqpMessage::decode(&copy).expect("the copy decodes");
+        let mut expected = delivery.copy(2, due);
+        // The annotations the decoded copy keeps in its own order.
+        let annotations = |m: &AmqpMessage| {
+            let mut all: Vec<String> = m
+                .message_annotations
+                .iter()
+                .flat_map(|a| a.0.iter().map(|(k, v)| format!("{k:?}={v:?}")))
+                .collect();
+            all.sort();
+            all
+        };
+        assert_eq!(annotations(&read), annotations(&expected));
+        expected.message_annotations = read.message_annotations.clone();
+        assert_eq!(read, expected);
+    }
+}
+
+#[test]
+fn a_copy_carries_its_trace_and_seal() {
+    let delivery = full_delivery();
+    let payload = delivery.encode().expect("encode");
+    let key = crate::retry_key::RetryKey::new(b"k".to_vec());
+    let trace = crate::trace::TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        .expect("a valid context");
+    let of = CopyOf {
+        retry_count: 3,
+        trace: Some(&trace),
+        seal: Some(&key),
+        ..CopyOf::default()
+    };
+    let copy = AmqpMessage::decode(&copy_payload(&payload, &delivery, of).expect("copied")).expect("decodes");
+    assert!(copy.retry_count_verifies(&key));
+    assert_eq!(copy.counters().retry_count, Some(3));
+    assert_eq!(
+        copy.property("traceparent"),
+        Some(&Value::String(trace.traceparent()))
+    );
+    let annotations = copy.message_annotations.expect("annotations kept");
+    assert!(annotations.0.get(&OwnedKey::Symbol(Symbol::from("traceparent"))).is_none());
+}
+
+/// What the encoder cannot write back is copied as it arrived: the copy
+/// of a 13-byte message whose body is an array of empty lists is built,
+/// and reads back to the same body.
+#[test]
+fn a_body_the_encoder_cannot_write_is_copied_as_it_arrived() {
+    let payload = [0x00, 0x53, 0x77, 0xf0, 0, 0, 0, 5, 0, 0, 0, 2, 0x45];
+    let message = AmqpMessage::decode(&payload).expect("a valid array of empty lists");
+    assert!(message.encode().is_err());
+    let of = CopyOf {
+        retry_count: 1,
+        ..CopyOf::default()
+    };
+    let copy = copy_payload(&payload, &message, of).expect("copied from the bytes");
+    assert!(copy.ends_with(&payload));
+    let read = AmqpMessage::decode(&copy).expect("the copy decodes");
+    assert_eq!(read.body, message.body);
+    assert_eq!(read.counters().retry_count, Some(1));
+    // And a property value of that kind travels too.
+    let mut with_property = vec![0x00, 0x53, 0x74, 0xc1, 0x0e, 0x02, 0xa1, 0x01, b'k'];
+    with_property.extend_from_slice(&[0xf0, 0, 0, 0, 5, 0, 0, 0, 2, 0x45]);
+    with_property.extend_from_slice(&[0x00, 0x53, 0x77, 0xa1, 0x01, b'x']);
+    let message = AmqpMessage::decode(&with_property).expect("decodes");
+    let copy = copy_payload(&with_property, &message, of).expect("copied");
+    let read = AmqpMessage::decode(&copy).expect("the copy decodes");
+    assert_eq!(read.property("k"), message.property("k"));
+}
+
+#[test]
+fn a_long_message_id_is_digested_in_the_identity() {
+    let mut m = message();
+    m.properties = Some(Properties::builder().message_id("i".repeat(100_000)).build());
+    let identity = m.identity();
+    assert!(identity.starts_with("sha256:") && identity.len() < 40, "{identity}");
+    let mut other = m.clone();
+    other.properties = Some(Properties::builder().message_id("j".repeat(100_000)).build());
+    assert_ne!(other.identity(), identity);
+}
+
+#[test]
+fn a_binary_key_is_named_by_its_place_and_type_not_its_bytes() {
+    let key = vec![0xab; 40_000];
+    let mut map = OrderedMap::new();
+    map.insert(Value::Binary(Binary::from(key)), Value::Int(1));
+    let section = serde_amqp::described::Described {
+        descriptor: serde_amqp::descriptor::Descriptor::Code(0x74),
+        value: Value::Map(map),
+    };
+    let mut payload = serde_amqp::to_vec(&section).expect("encode");
+    payload.extend_from_slice(&[0x00, 0x53, 0x77, 0xa1, 0x01, b'x']);
+    let failure = AmqpMessage::decode(&payload).expect_err("not a string key");
+    assert_eq!(
+        failure.as_str(),
+        "application property 1 has a key of type binary, not a string"
+    );
 }

@@ -230,22 +230,32 @@ pub fn show_to_handler(properties: &mut Vec<Property>, context: &TraceContext) {
     }
 }
 
-/// Puts `context` in application properties, in place of any context
-/// they held.
-fn carry(properties: &mut Vec<(String, Value)>, context: &TraceContext) {
-    properties.retain(|(key, _)| key != TRACEPARENT && key != TRACESTATE && key != DIAGNOSTIC_ID);
-    properties.push((TRACEPARENT.to_owned(), Value::String(context.traceparent())));
+/// The application properties a form of trace context travels in.
+pub(crate) const CONTEXT_PROPERTIES: [&str; 3] = [TRACEPARENT, TRACESTATE, DIAGNOSTIC_ID];
+
+/// The message annotations a form of trace context travels in.
+pub(crate) const CONTEXT_ANNOTATIONS: [&str; 3] = [TRACEPARENT, TRACESTATE, QPID_TRACESTATE];
+
+/// The application properties that carry `context`.
+pub(crate) fn context_properties(context: &TraceContext) -> Vec<(String, Value)> {
+    let mut properties = vec![(TRACEPARENT.to_owned(), Value::String(context.traceparent()))];
     if let Some(state) = &context.state {
         properties.push((TRACESTATE.to_owned(), Value::String(state.clone())));
     }
+    properties
+}
+
+/// Puts `context` in application properties, in place of any context
+/// they held.
+fn carry(properties: &mut Vec<(String, Value)>, context: &TraceContext) {
+    properties.retain(|(key, _)| !CONTEXT_PROPERTIES.contains(&key.as_str()));
+    properties.extend(context_properties(context));
 }
 
 /// Whether a message annotation holds a form of trace context.
 fn context_annotation(key: &OwnedKey) -> bool {
     match key {
-        OwnedKey::Symbol(symbol) => {
-            [TRACEPARENT, TRACESTATE, QPID_TRACESTATE].contains(&symbol.0.as_str())
-        }
+        OwnedKey::Symbol(symbol) => CONTEXT_ANNOTATIONS.contains(&symbol.0.as_str()),
         OwnedKey::Ulong(_) => false,
     }
 }
