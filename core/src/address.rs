@@ -104,9 +104,7 @@ pub fn plain(address: &str) -> Result<(), AddressError> {
 /// the broker would not read as an address stays as written.
 pub fn pattern_names(kind: BrokerKind, pattern: &AddressPattern) -> Vec<AddressPattern> {
     // Wildcards are the pattern's own: read them as part of a name.
-    let text = pattern
-        .as_str()
-        .replace(['#', '>', '*'], WILDCARD_STAND_IN);
+    let text = pattern.as_str().replace(['#', '>', '*'], WILDCARD_STAND_IN);
     match names(kind, &text) {
         Ok(names) => names
             .into_iter()
@@ -300,8 +298,14 @@ mod tests {
             ["amq.default", "globex.orders"]
         );
         assert_eq!(read(kind, "/topic/k"), ["amq.topic", "k"]);
-        for uncertain in ["/queues/a/b", "/queues/%2", "/queues/%zz", "/queue", "/x/y", "/queues/"]
-        {
+        for uncertain in [
+            "/queues/a/b",
+            "/queues/%2",
+            "/queues/%zz",
+            "/queue",
+            "/x/y",
+            "/queues/",
+        ] {
             assert!(names(kind, uncertain).is_err(), "{uncertain}");
         }
     }

@@ -188,14 +188,13 @@ pub fn bounded(mut text: String, max: usize) -> String {
 pub fn lossless(bytes: &[u8]) -> Untrusted {
     match std::str::from_utf8(bytes) {
         Ok(text) => Untrusted::new(text),
-        Err(_) => Untrusted::new(
-            bytes
-                .iter()
-                .fold(String::with_capacity(bytes.len() * 2), |mut hex, b| {
-                    let _ = write!(hex, "{b:02x}");
-                    hex
-                }),
-        ),
+        Err(_) => Untrusted::new(bytes.iter().fold(
+            String::with_capacity(bytes.len() * 2),
+            |mut hex, b| {
+                let _ = write!(hex, "{b:02x}");
+                hex
+            },
+        )),
     }
 }
 

@@ -1,9 +1,11 @@
 //! A transfer's payload, as any publisher may write it, through everything
 //! the host does with a message: the limits check, decoding, the handler's
-//! view (JSON rendering included), counters, copies, re-encoding, the
-//! annotation a dead letter gets, and the trace context. Nothing may panic
-//! or recurse past the limits; what decodes must encode and decode to the
-//! same message.
+//! view (JSON rendering included), counters, copies (from the decoded
+//! message and from the bytes), re-encoding, the annotation a dead letter
+//! gets, and the trace context. Nothing may panic or recurse past the
+//! limits; what decodes must encode and decode to the same message; a copy
+//! can be made of anything that decodes, and decodes; a decode failure's
+//! words stay bounded.
 
 #![no_main]
 
@@ -20,8 +22,12 @@ fuzz_target!(|payload: &[u8]| {
         assert!(shallow.is_none() || shallow == Some(ranges.len()));
     }
     let _ = message::annotate(payload, "x-opt-wharf-dead-letter-reason", "fuzz");
-    let Ok(decoded) = AmqpMessage::decode(payload) else {
-        return;
+    let decoded = match AmqpMessage::decode(payload) {
+        Ok(decoded) => decoded,
+        Err(failure) => {
+            assert!(failure.as_str().len() <= wharf_core::text::DESCRIPTION_BYTES);
+            return;
+        }
     };
     assert!(checked.is_ok(), "decoded what the limits refuse");
     let context = DeliveryContext {
@@ -47,6 +53,16 @@ fuzz_target!(|payload: &[u8]| {
     }
     if let Ok(encoded) = copy.encode() {
         AmqpMessage::decode(&encoded).expect("a copy decodes");
+    }
+    let of = message::CopyOf {
+        retry_count: 1,
+        ..message::CopyOf::default()
+    };
+    if limits::sections(payload).is_some() {
+        let from_bytes = message::copy_payload(payload, &decoded, of)
+            .expect("whatever decodes can be copied from its bytes");
+        let read = AmqpMessage::decode(&from_bytes).expect("a copy from the bytes decodes");
+        assert_eq!(read.counters().retry_count, Some(1));
     }
     // A trace context found is carried on a copy and on the payload as it
     // arrived, and read back first from the copy.

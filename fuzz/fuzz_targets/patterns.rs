@@ -1,6 +1,8 @@
-//! Origins, address patterns and reply rules, as config authors and
-//! publishers write them: parsing and matching never panic, a literal
-//! pattern names itself, and no reply reaches a broker system address.
+//! Origins, address patterns, address readings and reply rules, as config
+//! authors and publishers write them: parsing, reading and matching never
+//! panic, a literal pattern names itself, no reply reaches a broker system
+//! address under any broker's reading, and every rendering of untrusted
+//! text is bounded and one line.
 
 #![no_main]
 
@@ -8,9 +10,20 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use wharf_core::address;
+use wharf_core::brokers::BrokerKind;
 use wharf_core::grants::{
-    AddressOwners, AddressPattern, HttpPattern, ReplyGrant, Target, guarded, system_address,
+    AddressOwners, AddressPattern, HttpPattern, ReplyGrant, Target, guarded, system_name,
 };
+use wharf_core::text::{self, Untrusted};
+
+const KINDS: [BrokerKind; 5] = [
+    BrokerKind::Artemis,
+    BrokerKind::RabbitMq,
+    BrokerKind::ActiveMqClassic,
+    BrokerKind::QpidBrokerJ,
+    BrokerKind::Other,
+];
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
@@ -39,11 +52,33 @@ fuzz_target!(|data: &[u8]| {
         ("a".to_owned(), vec![address_pattern.clone()]),
         ("b".to_owned(), vec![AddressPattern::new(host.clone())]),
     ]);
-    let refused = owners.refuse_reply("a", &ReplyGrant::Any, &address);
-    if system_address(&address).is_some() {
-        assert!(
-            refused.is_some(),
-            "a reply to the system address {address:?}"
-        );
+    let untrusted = Untrusted::new(address.clone());
+    for kind in KINDS {
+        let read = address::names(kind, &address);
+        let _ = address::pattern_names(kind, &address_pattern);
+        let refused = owners.check_reply(kind, "a", &ReplyGrant::Any, &untrusted);
+        if let Ok(names) = read {
+            if let Some(system) = names.iter().find(|name| system_name(name).is_some()) {
+                assert!(
+                    refused.is_err(),
+                    "{kind:?}: a reply to {address:?}, which reaches the system address {system:?}"
+                );
+            }
+        } else {
+            assert!(
+                refused.is_err(),
+                "{kind:?}: a reply to the unreadable {address:?}"
+            );
+        }
     }
+    // Renderings: bounded, escaped, one line.
+    let rendered = untrusted.to_string();
+    assert!(
+        rendered.len() <= text::SHOWN_BYTES + 32,
+        "{}",
+        rendered.len()
+    );
+    assert!(!rendered.contains(['\n', '\r', '\u{1b}']), "{rendered:?}");
+    let bounded = text::bounded(pattern.clone(), 64);
+    assert!(bounded.len() <= 64 + 4, "{}", bounded.len());
 });

@@ -64,6 +64,9 @@ pub enum Event {
         tenant: Arc<str>,
         /// The mount.
         mount: Arc<str>,
+        /// `properties.message-id`, shown bounded and escaped, where its
+        /// section could be read.
+        message_id: Option<String>,
         /// Why.
         reason: String,
     },

@@ -24,4 +24,4 @@ pub mod telemetry;
 pub mod tenants;
 
 pub use tenants::{Host, HostError, RunningHost};
-pub use wharf_core::{backoff, config, grants, sampler, trace, words};
+pub use wharf_core::{address, backoff, brokers, config, grants, sampler, text, trace, words};

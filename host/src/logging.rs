@@ -2,11 +2,13 @@
 //! thread of their own that writes them to stderr. A slow or stalled log
 //! pipe then never blocks the runtime's workers (and with them every
 //! tenant); lines that find the queue full are dropped and counted
-//! (`wharf_log_lines_dropped_total`).
+//! (`wharf_log_lines_dropped_total`). The queue is bounded in lines and in
+//! bytes, and each line is one line: at most [`MAX_LINE_BYTES`], its inner
+//! line breaks escaped, whatever text a field brought into it.
 
 use std::io::Write;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::Duration;
 
@@ -14,6 +16,16 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// Lines waiting for the writer thread before further ones are dropped.
 const QUEUED_LINES: usize = 16 * 1024;
+
+/// Bytes of lines waiting for the writer thread before further ones are
+/// dropped.
+pub const QUEUED_BYTES: usize = 16 << 20;
+
+/// The longest line written; the rest of a longer one is cut, saying so.
+pub const MAX_LINE_BYTES: usize = 16 * 1024;
+
+/// Bytes of the lines now queued, across the process.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 /// How long [`flush`] waits for the queue to be written at exit.
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
@@ -61,6 +73,7 @@ fn write_lines(lines: Receiver<Line>, mut out: impl Write) {
         match line {
             Line::Text(text) => {
                 let _ = out.write_all(&text);
+                QUEUED.fetch_sub(text.len(), Ordering::Relaxed);
             }
             Line::Flush(done) => {
                 let _ = out.flush();
@@ -107,14 +120,55 @@ impl Drop for PendingLine {
         if self.text.is_empty() {
             return;
         }
-        let text = std::mem::take(&mut self.text);
+        let text = one_line(std::mem::take(&mut self.text));
+        let len = text.len();
+        if QUEUED.fetch_add(len, Ordering::Relaxed) + len > QUEUED_BYTES {
+            QUEUED.fetch_sub(len, Ordering::Relaxed);
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         match self.queue.try_send(Line::Text(text)) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Ok(()) => {}
+            Err(TrySendError::Disconnected(_)) => {
+                QUEUED.fetch_sub(len, Ordering::Relaxed);
+            }
             Err(TrySendError::Full(_)) => {
+                QUEUED.fetch_sub(len, Ordering::Relaxed);
                 DROPPED.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
+}
+
+/// A formatted event as one line: line breaks inside it escaped (a field's
+/// text can hold them, and a reader of the log would take what follows for
+/// a line of its own), cut to [`MAX_LINE_BYTES`], ending in one newline.
+fn one_line(mut text: Vec<u8>) -> Vec<u8> {
+    while text.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        text.pop();
+    }
+    if text.len() > MAX_LINE_BYTES || text.iter().any(|b| *b == b'\n' || *b == b'\r') {
+        let mut line = Vec::with_capacity(text.len().min(MAX_LINE_BYTES) + 64);
+        for (at, byte) in text.iter().enumerate() {
+            if line.len() >= MAX_LINE_BYTES {
+                // Not inside a character: back to its first byte.
+                while line.last().is_some_and(|b: &u8| b & 0xc0 == 0x80) {
+                    line.pop();
+                }
+                line.pop_if(|b: &mut u8| *b >= 0xc0);
+                let _ = write!(line, "…(line cut: +{} bytes)", text.len() - at);
+                break;
+            }
+            match byte {
+                b'\n' => line.extend_from_slice(b"\\n"),
+                b'\r' => line.extend_from_slice(b"\\r"),
+                b => line.push(*b),
+            }
+        }
+        text = line;
+    }
+    text.push(b'\n');
+    text
 }
 
 impl<'a> MakeWriter<'a> for LogWriter {
@@ -259,6 +313,20 @@ mod tests {
         thread.join().expect("writer thread");
         let text = String::from_utf8(written.lock().expect("sink").clone()).expect("utf-8");
         assert!(text.starts_with("line 0\n"), "{text}");
+    }
+
+    #[test]
+    fn a_line_is_one_line_and_bounded() {
+        assert_eq!(one_line(b"plain\n".to_vec()), b"plain\n");
+        assert_eq!(
+            one_line(b"forged\nERROR line\r\n".to_vec()),
+            b"forged\\nERROR line\n"
+        );
+        let long = one_line("é".repeat(MAX_LINE_BYTES).into_bytes());
+        let text = String::from_utf8(long).expect("cut on a character boundary");
+        assert!(text.len() < MAX_LINE_BYTES + 40, "{}", text.len());
+        assert!(text.ends_with(" bytes)\n"), "{}", &text[text.len() - 40..]);
+        assert_eq!(text.matches('\n').count(), 1);
     }
 
     #[tokio::test(start_paused = true)]

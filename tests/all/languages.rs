@@ -219,7 +219,12 @@ async fn a_kept_go_instance_never_fails_a_delivery_for_its_collector() -> anyhow
     // second try.
     let deliveries = 40_000;
     for n in 0..deliveries {
-        let result = instances.reserve().await.call(&delivery).await.result;
+        let result = instances
+            .reserve()
+            .await
+            .call(&delivery, wharf::brokers::BrokerKind::Other)
+            .await
+            .result;
         anyhow::ensure!(
             matches!(result, Ok(Outcome::Ack)),
             "delivery {n}: {result:?}"

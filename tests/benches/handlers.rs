@@ -135,7 +135,12 @@ async fn per_delivery(instances: &Arc<Instances>) -> anyhow::Result<Costs> {
 }
 
 async fn call(instances: &Arc<Instances>, delivery: &Delivery) -> anyhow::Result<()> {
-    let result = instances.reserve().await.call(delivery).await.result;
+    let result = instances
+        .reserve()
+        .await
+        .call(delivery, wharf::brokers::BrokerKind::Other)
+        .await
+        .result;
     match result {
         Ok(Outcome::Ack) => Ok(()),
         other => anyhow::bail!("expected ack, got {other:?}"),

@@ -938,7 +938,10 @@ impl Config {
                     if let Err(e) = crate::address::plain(address.get_ref()) {
                         return Err(checker.invalid(
                             address,
-                            format!("{here}: address `{}` is refused: {e}", text::shown(address.get_ref())),
+                            format!(
+                                "{here}: address `{}` is refused: {e}",
+                                text::shown(address.get_ref())
+                            ),
                         ));
                     }
                     // Compared as brokers read them: `/queues/orders` on

@@ -301,8 +301,12 @@ fn tenants_cannot_share_an_address_under_another_spelling() {
         "",
     );
     for spelling in ["/queues/a%2Eq", "queue://a.q", "a.q::x"] {
-        let e = error(&one_broker.replace("address = \"b.q\"", &format!("address = \"{spelling}\"")));
-        assert!(e.contains("already belongs to tenant `a`"), "{spelling}: {e}");
+        let e =
+            error(&one_broker.replace("address = \"b.q\"", &format!("address = \"{spelling}\"")));
+        assert!(
+            e.contains("already belongs to tenant `a`"),
+            "{spelling}: {e}"
+        );
     }
 }
 

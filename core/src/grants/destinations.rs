@@ -36,11 +36,14 @@ impl ReplyGrant {
 /// their dead-letter addresses, and its send grants.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddressOwners {
-    owners: Vec<(String, Vec<AddressPattern>)>,
+    owners: Owned,
     /// The owners' patterns as each kind of broker reads them, made when
     /// first asked: index [`kind_index`].
-    read: [OnceLock<Vec<(String, Vec<AddressPattern>)>>; 5],
+    read: [OnceLock<Owned>; 5],
 }
+
+/// Each tenant with the patterns of the addresses it owns.
+type Owned = Vec<(String, Vec<AddressPattern>)>;
 
 /// Why an output may not go where its handler asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +146,8 @@ impl AddressOwners {
                 })
                 .collect()
         });
-        let owns = |patterns: &[AddressPattern], name: &str| patterns.iter().any(|p| p.matches(name));
+        let owns =
+            |patterns: &[AddressPattern], name: &str| patterns.iter().any(|p| p.matches(name));
         for name in names {
             let own = owners
                 .iter()
@@ -185,7 +189,10 @@ fn within(
         .iter()
         .flat_map(|p| address::pattern_names(kind, p))
         .collect();
-    if names.iter().all(|name| read.iter().any(|p| p.matches(name))) {
+    if names
+        .iter()
+        .all(|name| read.iter().any(|p| p.matches(name)))
+    {
         Ok(())
     } else {
         Err(Refusal::Denied(why.to_owned()))
@@ -259,7 +266,12 @@ mod tests {
         BrokerKind::Other,
     ];
 
-    fn reply(kind: BrokerKind, tenant: &str, grant: &ReplyGrant, address: &str) -> Result<(), Refusal> {
+    fn reply(
+        kind: BrokerKind,
+        tenant: &str,
+        grant: &ReplyGrant,
+        address: &str,
+    ) -> Result<(), Refusal> {
         owners().check_reply(kind, tenant, grant, &Untrusted::new(address))
     }
 
@@ -343,7 +355,13 @@ mod tests {
         // A composite that starts with a granted name reaches one that is
         // not.
         assert!(
-            reply(BrokerKind::ActiveMqClassic, "acme", &grant, "client.1,elsewhere").is_err()
+            reply(
+                BrokerKind::ActiveMqClassic,
+                "acme",
+                &grant,
+                "client.1,elsewhere"
+            )
+            .is_err()
         );
         // RabbitMQ reads the decoded name, which the grant names.
         assert_eq!(
@@ -372,11 +390,22 @@ mod tests {
     fn sends_reach_only_what_the_grants_name() {
         let owners = owners();
         let send = |kind, grants: &[&str], address: &str| {
-            let grants: Vec<AddressPattern> = grants.iter().map(|g| AddressPattern::new(*g)).collect();
+            let grants: Vec<AddressPattern> =
+                grants.iter().map(|g| AddressPattern::new(*g)).collect();
             owners.check_send(kind, "acme", &grants, &Untrusted::new(address))
         };
-        assert_eq!(send(BrokerKind::Artemis, &["acme.out.*"], "acme.out.1"), Ok(()));
-        assert!(send(BrokerKind::ActiveMqClassic, &["acme.out.*"], "acme.out.1,audit").is_err());
+        assert_eq!(
+            send(BrokerKind::Artemis, &["acme.out.*"], "acme.out.1"),
+            Ok(())
+        );
+        assert!(
+            send(
+                BrokerKind::ActiveMqClassic,
+                &["acme.out.*"],
+                "acme.out.1,audit"
+            )
+            .is_err()
+        );
         assert!(send(BrokerKind::Artemis, &["acme.out.*"], "acme.out.1::audit").is_err());
         assert!(send(BrokerKind::RabbitMq, &["*"], "/queues/globex%2Eorders").is_err());
         assert!(send(BrokerKind::Artemis, &["*"], "DLQ").is_err());

@@ -1,13 +1,13 @@
 //! Capability grants: what a mount's handlers may use beyond computing on
 //! their delivery, as the config declares it. The sandbox enforces them.
 
-mod http;
 mod destinations;
+mod http;
 
 use std::collections::BTreeMap;
 
-pub use http::{BadHttpPattern, Guarded, Host, HttpGrants, HttpPattern, Target, guarded};
 pub use destinations::{AddressOwners, Refusal, ReplyGrant, system_name};
+pub use http::{BadHttpPattern, Guarded, Host, HttpGrants, HttpPattern, Target, guarded};
 
 /// What a mount's handlers may use beyond computing on their delivery.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

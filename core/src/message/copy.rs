@@ -14,7 +14,7 @@ use fe2o3_amqp_types::primitives::Value;
 use super::limits::{self, ValueLimits};
 use super::sections::{self, APPLICATION_PROPERTIES, MESSAGE_ANNOTATIONS};
 use super::{
-    AmqpMessage, ARTEMIS_DUPLICATE_ID, DELIVERY_TIME_ANNOTATION, DecodeFailure,
+    ARTEMIS_DUPLICATE_ID, AmqpMessage, DELIVERY_TIME_ANNOTATION, DecodeFailure,
     NOT_COPIED_ANNOTATIONS, RETRY_SEAL_PROPERTY, copy_duplicate_id, reserved_property,
 };
 use crate::retry_key::RetryKey;
@@ -97,8 +97,11 @@ fn from_bytes(payload: &[u8], message: &AmqpMessage, of: CopyOf<'_>) -> Option<B
         }
         _ => false,
     };
+    // Annotations that are not a map of entries stay behind, as a broker's
+    // unreadable history does on a decoded copy.
+    let existing = section(MESSAGE_ANNOTATIONS).filter(|s| map_entries(s).is_some());
     if let Some(edited) = edit_map(
-        section(MESSAGE_ANNOTATIONS),
+        existing,
         MESSAGE_ANNOTATIONS,
         dropped_annotation,
         &annotations,

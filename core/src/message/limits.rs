@@ -200,9 +200,8 @@ pub struct Measured {
 
 /// What one decoded value takes beside its text or bytes: the value
 /// itself and its place in a list or map.
-pub const DECODED_VALUE_BYTES: u64 = std::mem::size_of::<fe2o3_amqp_types::primitives::Value>()
-    as u64
-    + 16;
+pub const DECODED_VALUE_BYTES: u64 =
+    std::mem::size_of::<fe2o3_amqp_types::primitives::Value>() as u64 + 16;
 
 /// Checks `payload` against `limits` as [`check`] does, and says about how
 /// much memory it takes decoded.

@@ -22,9 +22,9 @@ use fe2o3_amqp_types::primitives::{Symbol, Value};
 
 pub use crate::retry_key::RetryKey;
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
+pub use copy::{CopyOf, copy_payload};
 use limits::ValueLimits;
 pub use seal::RETRY_SEAL_PROPERTY;
-pub use copy::{CopyOf, copy_payload};
 pub use sections::DecodeFailure;
 pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};
 
@@ -321,6 +321,22 @@ impl AmqpMessage {
                 Value::Long(at),
             );
     }
+}
+
+/// The message-id of `payload` read from its properties section alone, as
+/// a bounded, escaped rendering: for reports about a message whose other
+/// sections do not decode. `None` when it has none, or the section does
+/// not decode.
+pub fn message_id_of(payload: &[u8]) -> Option<String> {
+    let found = limits::sections(payload)?;
+    let (_, range) = found
+        .iter()
+        .find(|(code, _)| *code == sections::PROPERTIES)?;
+    let bytes = &payload[range.clone()];
+    limits::check(bytes, ValueLimits::DEFAULT).ok()?;
+    let properties: Properties = serde_amqp::from_slice(bytes).ok()?;
+    let id = properties.message_id.as_ref().map(view::message_id_text)?;
+    Some(crate::text::shown(&id).to_string())
 }
 
 /// `payload`, a message as it arrived, with the message annotation `key`

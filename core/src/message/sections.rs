@@ -290,7 +290,8 @@ pub(super) fn encode(message: &AmqpMessage) -> Result<Bytes, DecodeFailure> {
     put_unread(&mut out, FOOTER);
     // The encoder has cases it cannot read back (an array of empty lists):
     // what the host could not read itself, it does not publish.
-    limits::check(&out, ValueLimits::DEFAULT)
-        .map_err(|e| DecodeFailure::new(format!("the message cannot be read back once encoded: {e}")))?;
+    limits::check(&out, ValueLimits::DEFAULT).map_err(|e| {
+        DecodeFailure::new(format!("the message cannot be read back once encoded: {e}"))
+    })?;
     Ok(Bytes::from(out))
 }

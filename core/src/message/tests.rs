@@ -424,15 +424,18 @@ fn a_copy_carries_its_trace_and_seal() {
     let delivery = full_delivery();
     let payload = delivery.encode().expect("encode");
     let key = crate::retry_key::RetryKey::new(b"k".to_vec());
-    let trace = crate::trace::TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-        .expect("a valid context");
+    let trace = crate::trace::TraceContext::parse(
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    .expect("a valid context");
     let of = CopyOf {
         retry_count: 3,
         trace: Some(&trace),
         seal: Some(&key),
         ..CopyOf::default()
     };
-    let copy = AmqpMessage::decode(&copy_payload(&payload, &delivery, of).expect("copied")).expect("decodes");
+    let copy = AmqpMessage::decode(&copy_payload(&payload, &delivery, of).expect("copied"))
+        .expect("decodes");
     assert!(copy.retry_count_verifies(&key));
     assert_eq!(copy.counters().retry_count, Some(3));
     assert_eq!(
@@ -440,7 +443,12 @@ fn a_copy_carries_its_trace_and_seal() {
         Some(&Value::String(trace.traceparent()))
     );
     let annotations = copy.message_annotations.expect("annotations kept");
-    assert!(annotations.0.get(&OwnedKey::Symbol(Symbol::from("traceparent"))).is_none());
+    assert!(
+        annotations
+            .0
+            .get(&OwnedKey::Symbol(Symbol::from("traceparent")))
+            .is_none()
+    );
 }
 
 /// What the encoder cannot write back is copied as it arrived: the copy
@@ -473,11 +481,22 @@ fn a_body_the_encoder_cannot_write_is_copied_as_it_arrived() {
 #[test]
 fn a_long_message_id_is_digested_in_the_identity() {
     let mut m = message();
-    m.properties = Some(Properties::builder().message_id("i".repeat(100_000)).build());
+    m.properties = Some(
+        Properties::builder()
+            .message_id("i".repeat(100_000))
+            .build(),
+    );
     let identity = m.identity();
-    assert!(identity.starts_with("sha256:") && identity.len() < 40, "{identity}");
+    assert!(
+        identity.starts_with("sha256:") && identity.len() < 40,
+        "{identity}"
+    );
     let mut other = m.clone();
-    other.properties = Some(Properties::builder().message_id("j".repeat(100_000)).build());
+    other.properties = Some(
+        Properties::builder()
+            .message_id("j".repeat(100_000))
+            .build(),
+    );
     assert_ne!(other.identity(), identity);
 }
 

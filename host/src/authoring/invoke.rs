@@ -84,6 +84,11 @@ pub async fn invoke(
         }),
         sandbox.slots().clone(),
     ));
-    let call = instances.reserve().await.call(&delivery).await;
+    // No broker: addresses are read as every broker wharf knows would.
+    let call = instances
+        .reserve()
+        .await
+        .call(&delivery, wharf_core::brokers::BrokerKind::Other)
+        .await;
     Ok((call.result, call.outputs))
 }

@@ -6,68 +6,7 @@ use crate::config::{DelayChoice, Mount, OutputsChoice, RetryAfterOriginal, Retry
 use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
 
 use super::management::{QueueInfo, QueueKind};
-
-/// The brokers whose behaviour wharf knows beyond what they offer, by the
-/// `product` of their open properties. What each does differently was
-/// measured by the tests on a real broker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BrokerKind {
-    /// ActiveMQ Artemis (`apache-activemq-artemis`).
-    Artemis,
-    /// RabbitMQ 3.x (`rabbitmq_amqp1_0`) or 4.x (`RabbitMQ`).
-    RabbitMq,
-    /// ActiveMQ Classic 5.x/6.x (`ActiveMQ`).
-    ActiveMqClassic,
-    /// Apache Qpid Broker-J (`Apache Qpid Broker-J Core`).
-    QpidBrokerJ,
-    /// Any other broker: only what it offers counts.
-    Other,
-}
-
-impl BrokerKind {
-    /// `messaging.system` in OpenTelemetry's messaging conventions.
-    pub fn messaging_system(self) -> &'static str {
-        match self {
-            BrokerKind::Artemis | BrokerKind::ActiveMqClassic => "activemq",
-            BrokerKind::RabbitMq => "rabbitmq",
-            BrokerKind::QpidBrokerJ => "qpid",
-            BrokerKind::Other => "amqp",
-        }
-    }
-
-    /// It decodes and encodes a message again to redeliver it after
-    /// `modified`, and loses sections on the way (ActiveMQ Classic 6.3
-    /// keeps only the header and footer of a message with two data
-    /// sections): retries are better carried by the host's copies, which
-    /// are built from the bytes as first delivered.
-    pub fn reencodes_redeliveries(self) -> bool {
-        self == BrokerKind::ActiveMqClassic
-    }
-
-    /// It puts a `rejected` message back on its queue, counted, until the
-    /// queue's own delivery limit routes it elsewhere (Broker-J's
-    /// `maximumDeliveryAttempts`, which is off by default): an original
-    /// settled `rejected` after its copy went out may come back.
-    pub fn requeues_rejected(self) -> bool {
-        self == BrokerKind::QpidBrokerJ
-    }
-
-    /// It drops a message whose `_AMQ_DUPL_ID` it has seen (Artemis).
-    pub fn drops_duplicate_ids(self) -> bool {
-        self == BrokerKind::Artemis
-    }
-
-    /// Outputs commit with their input in a transaction unless the config
-    /// says otherwise: where the tests showed local transactions that
-    /// take a receiver's `accepted` with outputs sent on other sessions
-    /// (RabbitMQ has none over AMQP 1.0).
-    pub fn transactions_by_default(self) -> bool {
-        matches!(
-            self,
-            BrokerKind::Artemis | BrokerKind::ActiveMqClassic | BrokerKind::QpidBrokerJ
-        )
-    }
-}
+pub use wharf_core::brokers::BrokerKind;
 
 /// What a broker offered on a mount's links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -101,13 +101,7 @@ const DELAYED_DELIVERY: &str = "DELAYED_DELIVERY";
 impl BrokerOffers {
     /// Which broker it is, by its open properties.
     pub fn kind(&self) -> BrokerKind {
-        match self.product.as_deref() {
-            Some(p) if p.contains("artemis") => BrokerKind::Artemis,
-            Some(p) if p.eq_ignore_ascii_case("rabbitmq") => BrokerKind::RabbitMq,
-            Some("ActiveMQ") => BrokerKind::ActiveMqClassic,
-            Some(p) if p.starts_with("Apache Qpid Broker-J") => BrokerKind::QpidBrokerJ,
-            _ => BrokerKind::Other,
-        }
+        BrokerKind::of_product(self.product.as_deref())
     }
 
     /// Whether the broker is ActiveMQ Artemis.

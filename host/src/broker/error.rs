@@ -9,6 +9,7 @@ use fe2o3_amqp::link::{
 use fe2o3_amqp::session::BeginError;
 use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
 use fe2o3_amqp::types::messaging::Outcome;
+use wharf_core::text::shown;
 
 /// Something the broker refused, or a connection or link that failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +32,8 @@ pub enum BrokerError {
     },
     /// A link could not be attached.
     #[error(
-        "address `{address}`: cannot attach a {role} link: {source}{}",
+        "address `{}`: cannot attach a {role} link: {source}{}",
+        shown(address),
         attach_hint(source)
     )]
     Attach {
@@ -44,7 +46,7 @@ pub enum BrokerError {
         source: AttachFailure,
     },
     /// An attached receiver failed.
-    #[error("address `{address}`: receiver link failed: {source}")]
+    #[error("address `{}`: receiver link failed: {source}", shown(address))]
     Receive {
         /// The link's address.
         address: String,
@@ -53,7 +55,7 @@ pub enum BrokerError {
         source: RecvError,
     },
     /// A disposition could not be sent.
-    #[error("address `{address}`: cannot settle a delivery: {source}")]
+    #[error("address `{}`: cannot settle a delivery: {source}", shown(address))]
     Settle {
         /// The link's address.
         address: String,
@@ -62,7 +64,7 @@ pub enum BrokerError {
         source: DispositionError,
     },
     /// A publish was not accepted.
-    #[error("address `{address}`: publish failed: {source}")]
+    #[error("address `{}`: publish failed: {source}", shown(address))]
     Publish {
         /// The target address.
         address: String,
@@ -79,7 +81,7 @@ pub enum BrokerError {
         reason: String,
     },
     /// The mount's publisher failed, so its links are going down.
-    #[error("address `{address}`: sender link failed: {source}")]
+    #[error("address `{}`: sender link failed: {source}", shown(address))]
     Sender {
         /// The target address.
         address: String,

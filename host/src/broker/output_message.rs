@@ -8,21 +8,23 @@ use fe2o3_amqp::types::primitives::{Binary, Symbol, Timestamp, Value};
 use super::message::{ARTEMIS_DUPLICATE_ID, AmqpMessage};
 use crate::sandbox::{self, OutboxMessage};
 
-/// The message for output `index` of the delivery whose message-id (or,
-/// without one, body digest) is `input_id`. Its message-id, unless the
-/// handler chose one, is derived from both, so an input handled twice
-/// publishes outputs with the same ids; `duplicate_id` also sets Artemis's
-/// duplicate-detection property to it.
+/// The message for output `index` of the delivery whose identity is
+/// `input_id`. Its message-id, unless the handler chose one, is derived
+/// from both, so an input handled twice publishes outputs with the same
+/// ids; `duplicate_id` sets Artemis's duplicate-detection property to that
+/// derived id whatever the handler chose: a handler may not pick the ids
+/// the broker drops other messages by.
 pub fn output_message(
     message: &OutboxMessage,
     input_id: &str,
     index: usize,
     duplicate_id: bool,
 ) -> AmqpMessage {
+    let derived = format!("{input_id}/out/{index}");
     let id = message
         .message_id
         .clone()
-        .unwrap_or_else(|| format!("{input_id}/out/{index}"));
+        .unwrap_or_else(|| derived.clone());
     let mut properties: Vec<(String, Value)> = message
         .properties
         .iter()
@@ -30,7 +32,7 @@ pub fn output_message(
         .collect();
     if duplicate_id {
         properties.retain(|(key, _)| key != ARTEMIS_DUPLICATE_ID);
-        properties.push((ARTEMIS_DUPLICATE_ID.to_owned(), Value::String(id.clone())));
+        properties.push((ARTEMIS_DUPLICATE_ID.to_owned(), Value::String(derived)));
     }
     let mut output = AmqpMessage {
         header: Some(Header {

@@ -73,7 +73,7 @@ pub(super) async fn attach_sender(
         terminus = terminus.capabilities(vec![Symbol::from(capability)]);
     }
     Sender::builder()
-        .name(format!("{link_prefix}/send/{}", target.address))
+        .name(sender_link_name(link_prefix, target.address))
         .target(terminus.build())
         .attach(session)
         .await
@@ -82,6 +82,16 @@ pub(super) async fn attach_sender(
             role: "sender",
             source: AttachFailure::Sender(e),
         })
+}
+
+/// A sender link's name: the mount's prefix and a short digest of the
+/// address, never the address itself, which a handler or a publisher may
+/// have chosen and which already travels once in the attach frame.
+pub(super) fn sender_link_name(link_prefix: &str, address: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(address.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{link_prefix}/send/{hex}")
 }
 
 /// The session outputs go out on: begun from the pool when first needed,

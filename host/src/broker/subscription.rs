@@ -1,5 +1,6 @@
 //! One mount's receiver link: deliveries in, dispositions out.
 
+use fe2o3_amqp::Receiver;
 use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::{ErrorRecovery, RecvError};
@@ -9,7 +10,7 @@ use fe2o3_amqp::types::messaging::{
     Body, Modified, Source, TerminusDurability, TerminusExpiryPolicy,
 };
 use fe2o3_amqp::types::primitives::{Symbol, Value};
-use fe2o3_amqp::{Delivery, Receiver};
+use wharf_core::text;
 
 use super::error::{AttachFailure, BrokerError};
 use super::message::AmqpMessage;
@@ -49,10 +50,12 @@ pub struct Inbound {
     pub info: DeliveryInfo,
     /// The message, decoded.
     pub message: AmqpMessage,
-    /// The message exactly as it arrived, where the mount may have to
-    /// publish it so (to its dead-letter address).
-    pub payload: Option<bytes::Bytes>,
-    /// Its size as it arrived, in bytes.
+    /// The message exactly as it arrived: dead letters are published so,
+    /// and copies are made from it.
+    pub payload: bytes::Bytes,
+    /// The memory it takes in bytes: as it arrived plus about as much as
+    /// its decoded values take, which for many small values is many times
+    /// its size on the wire.
     pub size: usize,
 }
 
@@ -74,9 +77,6 @@ pub struct ReceiverOptions<'a> {
     pub credit: u32,
     /// Deliveries larger than this are rejected unread.
     pub max_message_size: u64,
-    /// Keep each delivery's payload as it arrived, beside the decoded
-    /// message.
-    pub keep_payloads: bool,
 }
 
 /// A receiver attached to one address.
@@ -86,7 +86,6 @@ pub struct Subscription {
     /// A durable subscription outlives the link unless it is ended.
     durable: bool,
     modified_supported: bool,
-    keep_payloads: bool,
     /// At most once, the credit to renew: fe2o3 renews it as deliveries
     /// are settled, and settled deliveries never are.
     presettled_credit: Option<u32>,
@@ -152,7 +151,6 @@ impl Subscription {
             address: options.address.to_owned(),
             durable,
             modified_supported,
-            keep_payloads: options.keep_payloads,
             presettled_credit: (options.settle == Settle::AtMostOnce).then_some(options.credit),
             since_renewed: 0,
         })
@@ -169,27 +167,30 @@ impl Subscription {
             // The link hands every payload over undecoded: wharf checks it
             // against its limits before decoding any of it.
             let received = match self.receiver.recv::<Body<Value>>().await {
+                // The link is attached with `decode_messages(false)`: it
+                // hands over no decoded message.
                 Ok(delivery) => {
-                    let delivery: Delivery<Body<Value>> = delivery;
-                    let (info, message) = delivery.into_parts();
-                    Received::Delivery(Box::new(Inbound {
+                    let (info, _) = delivery.into_parts();
+                    Received::Undecodable {
                         info,
-                        message: message.into(),
-                        payload: None,
-                        size: 0,
-                    }))
+                        reason: "the link decoded it unasked".to_owned(),
+                        payload: bytes::Bytes::new(),
+                    }
                 }
                 Err(RecvError::MessageDecode(undecoded)) => {
-                    match AmqpMessage::decode(&undecoded.payload) {
-                        Ok(message) => Received::Delivery(Box::new(Inbound {
+                    match AmqpMessage::decode_measured(&undecoded.payload) {
+                        Ok((message, decoded)) => Received::Delivery(Box::new(Inbound {
                             info: undecoded.info,
                             message,
-                            size: undecoded.payload.len(),
-                            payload: self.keep_payloads.then_some(undecoded.payload),
+                            size: undecoded
+                                .payload
+                                .len()
+                                .saturating_add(usize::try_from(decoded).unwrap_or(usize::MAX)),
+                            payload: undecoded.payload,
                         })),
                         Err(failure) => Received::Undecodable {
                             info: undecoded.info,
-                            reason: failure.0,
+                            reason: failure.to_string(),
                             payload: undecoded.payload,
                         },
                     }
@@ -275,7 +276,10 @@ impl Subscription {
         reason: &str,
         rejected_requeues: bool,
     ) -> Result<(), BrokerError> {
-        let error = definitions::Error::new(AmqpError::DecodeError, Some(reason.to_owned()), None);
+        // The description reaches the broker in a frame of its own: cut to
+        // a length any broker takes.
+        let description = text::bounded(reason.to_owned(), text::DESCRIPTION_BYTES);
+        let error = definitions::Error::new(AmqpError::DecodeError, Some(description), None);
         // A broker that would put it back gets nothing to hand out again.
         let settled = if rejected_requeues {
             self.receiver.accept(info).await
@@ -335,7 +339,6 @@ pub async fn end_subscription(
         settle: Settle::AtLeastOnce,
         credit: 1,
         max_message_size: 0,
-        keep_payloads: false,
     };
     let attached = tokio::time::timeout(timeout, Subscription::attach(&mut session, options))
         .await
@@ -414,7 +417,6 @@ pub async fn probe(
             settle: Settle::AtLeastOnce,
             credit: 0,
             max_message_size: 0,
-            keep_payloads: false,
         };
         match tokio::time::timeout(timeout, Subscription::attach(&mut begun, options)).await {
             Ok(Ok(subscription)) => {

@@ -27,21 +27,88 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 use super::store::InstanceSetup;
 use crate::grants::{Guarded, Host, Target};
 use crate::telemetry::{Kind, Telemetry};
+use wharf_core::text::shown;
 use wharf_core::trace::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// Outbound HTTP connections one instance may hold at once.
 pub const MAX_CONNECTIONS_PER_INSTANCE: usize = 16;
 
+/// Name lookups one tenant's handlers may have in flight at once. A lookup
+/// runs on a blocking thread until the resolver answers, even when the
+/// handler that asked has timed out: the bound keeps a tenant whose names
+/// resolve slowly from filling the threads the host resolves brokers on.
+pub const MAX_LOOKUPS_PER_TENANT: usize = 4;
+
+/// Name lookups all handlers may have in flight at once.
+pub const MAX_LOOKUPS: usize = 32;
+
 /// Outbound HTTP connections one tenant's handlers may hold at once
-/// (`max_http_connections`); clones share them.
+/// (`max_http_connections`), and the name lookups they may have in flight;
+/// clones share them.
 #[derive(Clone)]
-pub struct HttpConnections(Arc<Semaphore>);
+pub struct HttpConnections {
+    connections: Arc<Semaphore>,
+    lookups: Arc<Semaphore>,
+}
 
 impl HttpConnections {
     /// Room for `max` connections.
     pub fn new(max: u32) -> HttpConnections {
-        HttpConnections(Arc::new(Semaphore::new(max as usize)))
+        HttpConnections {
+            connections: Arc::new(Semaphore::new(max as usize)),
+            lookups: Arc::new(Semaphore::new(MAX_LOOKUPS_PER_TENANT)),
+        }
     }
+}
+
+/// The addresses of `name`, looked up on a blocking thread that holds a
+/// place in `tenant`'s and the host's lookups until the resolver answers,
+/// whether or not anyone still waits for it. With no place free it fails
+/// at once.
+async fn lookup(
+    name: String,
+    port: u16,
+    tenant: &Arc<Semaphore>,
+    host: &Arc<Semaphore>,
+) -> Result<Vec<SocketAddr>, Error> {
+    let resolve = move || {
+        std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), port))
+            .map(Iterator::collect::<Vec<_>>)
+    };
+    bounded_lookup(resolve, tenant, host).await
+}
+
+/// Runs `resolve` on a blocking thread holding a place in `tenant` and
+/// `host` until it returns.
+async fn bounded_lookup(
+    resolve: impl FnOnce() -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+    tenant: &Arc<Semaphore>,
+    host: &Arc<Semaphore>,
+) -> Result<Vec<SocketAddr>, Error> {
+    let busy = || Error::DnsError {
+        rcode: Some("too many name lookups in flight".to_owned()),
+        info_code: None,
+    };
+    let tenant = tenant.clone().try_acquire_owned().map_err(|_| busy())?;
+    let host = host.clone().try_acquire_owned().map_err(|_| busy())?;
+    let resolved = tokio::task::spawn_blocking(move || {
+        let _places = (tenant, host);
+        resolve()
+    });
+    match resolved.await {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(e)) => Err(Error::DnsError {
+            rcode: Some(e.to_string()),
+            info_code: None,
+        }),
+        Err(_) => Err(busy()),
+    }
+}
+
+/// The places every handler's name lookups share.
+fn host_lookups() -> &'static Arc<Semaphore> {
+    static LOOKUPS: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    LOOKUPS.get_or_init(|| Arc::new(Semaphore::new(MAX_LOOKUPS)))
 }
 
 /// What one connection holds until it closes: its places in the
@@ -80,7 +147,13 @@ impl HttpGate {
     /// request then fails at once with `connection-limit-reached`.
     fn connection_permits(&self) -> Option<ConnectionPermits> {
         let instance = self.connections.clone().try_acquire_owned().ok()?;
-        let tenant = self.setup.connections.0.clone().try_acquire_owned().ok()?;
+        let tenant = self
+            .setup
+            .connections
+            .connections
+            .clone()
+            .try_acquire_owned()
+            .ok()?;
         Some((instance, tenant))
     }
 
@@ -89,7 +162,8 @@ impl HttpGate {
         tracing::warn!(
             tenant = &*tags.tenant,
             mount = &*tags.mount,
-            "HTTP request to {target} refused: {why}"
+            "HTTP request to {} refused: {why}",
+            shown(&target.to_string())
         );
         Error::HttpRequestDenied
     }
@@ -102,13 +176,10 @@ impl HttpGate {
         };
         let found: Vec<SocketAddr> = match &target.host {
             Host::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
-            Host::Name(name) => tokio::net::lookup_host((name.as_str(), target.port))
-                .await
-                .map_err(|e| Error::DnsError {
-                    rcode: Some(e.to_string()),
-                    info_code: None,
-                })?
-                .collect(),
+            Host::Name(name) => {
+                let tenant = &self.setup.connections.lookups;
+                lookup(name.clone(), target.port, tenant, host_lookups()).await?
+            }
         };
         let mut refused = None;
         let allowed: Vec<SocketAddr> = found
@@ -187,6 +258,39 @@ impl HttpGate {
         };
         Ok(response)
     }
+}
+
+/// A request's URL as a span shows it, as OpenTelemetry's conventions
+/// advise: credentials in it replaced, the value of every query parameter
+/// replaced (API keys and signatures travel there), bounded and escaped.
+fn redacted(uri: &http::Uri) -> String {
+    let mut url = String::new();
+    if let Some(scheme) = uri.scheme_str() {
+        url.push_str(scheme);
+        url.push_str("://");
+    }
+    if let Some(authority) = uri.authority() {
+        if authority.as_str().contains('@') {
+            url.push_str("REDACTED:REDACTED@");
+        }
+        url.push_str(authority.host());
+        if let Some(port) = authority.port_u16() {
+            url.push_str(&format!(":{port}"));
+        }
+    }
+    url.push_str(uri.path());
+    if let Some(query) = uri.query() {
+        let keys: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) => format!("{key}=REDACTED"),
+                None => pair.to_owned(),
+            })
+            .collect();
+        url.push('?');
+        url.push_str(&keys.join("&"));
+    }
+    shown(&url).to_string()
 }
 
 /// Puts `trace` on a request as W3C trace context headers, replacing any
@@ -303,7 +407,7 @@ impl WasiHttpHooks for HttpGate {
         );
         if let Some(span) = &mut span {
             span.set("http.request.method", method);
-            span.set("url.full", request.uri().to_string());
+            span.set("url.full", redacted(request.uri()));
             if let Some(host) = request.uri().host() {
                 span.set("server.address", host);
             }
@@ -340,5 +444,69 @@ impl WasiHttpHooks for HttpGate {
             }
             sent
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spans_url_keeps_no_credentials_or_query_values() {
+        let uri: http::Uri =
+            "https://user:secret@api.example.com:8443/v1/blob?sig=abc&sv=2024&flag"
+                .parse()
+                .expect("a URL");
+        assert_eq!(
+            redacted(&uri),
+            "https://REDACTED:REDACTED@api.example.com:8443/v1/blob?sig=REDACTED&sv=REDACTED&flag"
+        );
+        let plain: http::Uri = "http://example.com/a".parse().expect("a URL");
+        assert_eq!(redacted(&plain), "http://example.com/a");
+    }
+
+    /// A resolver that answers only when the test says: lookups the
+    /// handler gave up on hold their places until it answers, and no more
+    /// start meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandoned_lookups_hold_their_places_and_no_more_start() {
+        let tenant = Arc::new(Semaphore::new(MAX_LOOKUPS_PER_TENANT));
+        let host = Arc::new(Semaphore::new(MAX_LOOKUPS));
+        let (answer, asked) = std::sync::mpsc::channel::<()>();
+        let asked = Arc::new(std::sync::Mutex::new(asked));
+        let slow = || {
+            let asked = asked.clone();
+            move || {
+                let _ = asked.lock().expect("resolver").recv();
+                Ok(Vec::new())
+            }
+        };
+        for _ in 0..MAX_LOOKUPS_PER_TENANT {
+            // Polled once (places taken, thread started), then abandoned.
+            let started = bounded_lookup(slow(), &tenant, &host);
+            assert!(tokio::time::timeout(Duration::ZERO, started).await.is_err());
+        }
+        assert_eq!(tenant.available_permits(), 0);
+        assert_eq!(
+            host.available_permits(),
+            MAX_LOOKUPS - MAX_LOOKUPS_PER_TENANT
+        );
+        let more = bounded_lookup(slow(), &tenant, &host).await;
+        assert!(
+            matches!(&more, Err(Error::DnsError { rcode: Some(r), .. }) if r.contains("too many")),
+            "{more:?}"
+        );
+        for _ in 0..MAX_LOOKUPS_PER_TENANT {
+            answer.send(()).expect("a resolver waits");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tenant.available_permits() < MAX_LOOKUPS_PER_TENANT {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "lookups never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(host.available_permits(), MAX_LOOKUPS);
     }
 }

@@ -18,6 +18,7 @@ use super::share::TenantShare;
 use super::store::{InstanceSetup, StoreState};
 use super::{Delivery, InstancePolicy, Outcome};
 use crate::telemetry::Telemetry;
+use wharf_core::brokers::BrokerKind;
 use wharf_core::trace::TraceContext;
 
 /// The budget of one handler call.
@@ -260,10 +261,12 @@ impl Reserved {
         self
     }
 
-    /// Runs one delivery and reports the handler's outcome or why it failed,
-    /// and what it sent. Instantiation counts against the call's timeout.
-    pub async fn call(self, delivery: &Delivery) -> Call {
-        self.instances.call(self.instance, delivery).await
+    /// Runs one delivery from a broker of kind `broker` (which reads the
+    /// addresses its outputs go to) and reports the handler's outcome or
+    /// why it failed, and what it sent. Instantiation counts against the
+    /// call's timeout.
+    pub async fn call(self, delivery: &Delivery, broker: BrokerKind) -> Call {
+        self.instances.call(self.instance, delivery, broker).await
     }
 }
 
@@ -408,16 +411,21 @@ impl Instances {
     /// Runs a delivery on the CPU turns of the mount's tenant: the call,
     /// and throwing away a failed instance (a store holding a thousand
     /// header maps takes a while to free), count as the tenant's CPU.
-    async fn call(&self, instance: Instance, delivery: &Delivery) -> Call {
-        OnCpu::new(&self.lane, self.call_on_cpu(instance, delivery)).await
+    async fn call(&self, instance: Instance, delivery: &Delivery, broker: BrokerKind) -> Call {
+        OnCpu::new(&self.lane, self.call_on_cpu(instance, delivery, broker)).await
     }
 
-    async fn call_on_cpu(&self, mut instance: Instance, delivery: &Delivery) -> Call {
+    async fn call_on_cpu(
+        &self,
+        mut instance: Instance,
+        delivery: &Delivery,
+        broker: BrokerKind,
+    ) -> Call {
         let timeout = self.limits.timeout;
         let deadline = Instant::now() + timeout;
         let store = &mut instance.store;
         store.data_mut().begin_call(deadline);
-        store.data_mut().outbox.begin(delivery);
+        store.data_mut().outbox.begin(delivery, broker);
         store.set_epoch_deadline(1);
         // The epoch check only fires while wasm runs; a guest parked in a
         // host call (a WASI sleep) is caught by this outer timer.
@@ -462,13 +470,14 @@ impl Instances {
             {
                 tracing::debug!(error = ?e, "a kept instance could not take its delivery; trying a fresh one");
                 let deadline = instance.store.data().deadline;
+                let broker = instance.store.data().outbox.broker();
                 let trace = std::mem::take(&mut instance.store.data_mut().http_gate.trace);
                 instance.store = self.store();
                 instance.store.data_mut().http_gate.trace = trace;
                 instance.handler = None;
                 instance.uses = 0;
                 instance.store.data_mut().begin_call(deadline);
-                instance.store.data_mut().outbox.begin(delivery);
+                instance.store.data_mut().outbox.begin(delivery, broker);
                 instance.store.set_epoch_deadline(1);
                 self.run_once(instance, delivery).await
             }

@@ -4,8 +4,10 @@
 
 use std::sync::{Arc, RwLock};
 
-use wharf_core::grants::AddressOwners;
+use wharf_core::brokers::BrokerKind;
+use wharf_core::grants::{AddressOwners, Refusal};
 use wharf_core::message::reserved_property;
+use wharf_core::text::{Untrusted, shown};
 
 use super::bindings::wharf::handler::outbox::{Host, Message, SendError};
 use super::store::StoreState;
@@ -36,32 +38,54 @@ impl From<AddressOwners> for Owners {
 /// One message a handler asked to publish.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outgoing {
-    /// Where it goes: a granted address, or the delivery's `reply-to`.
-    pub address: String,
+    /// Where it goes: a granted address, or the delivery's `reply-to`,
+    /// checked as the broker reads it.
+    pub address: Untrusted,
     /// What goes.
     pub message: Message,
 }
 
 /// What one call has sent so far, and what it may still send.
-#[derive(Default)]
 pub(crate) struct Outbox {
     outputs: Vec<Outgoing>,
     bytes: u64,
-    reply_to: Option<String>,
+    reply_to: Option<Untrusted>,
     /// What a reply's `correlation-id` defaults to.
     correlation: Option<String>,
+    /// The kind of broker the outputs go to, which decides how their
+    /// addresses are read.
+    broker: BrokerKind,
+}
+
+impl Default for Outbox {
+    fn default() -> Outbox {
+        Outbox {
+            outputs: Vec::new(),
+            bytes: 0,
+            reply_to: None,
+            correlation: None,
+            broker: BrokerKind::Other,
+        }
+    }
 }
 
 impl Outbox {
-    /// Empties the outbox for a call on `delivery`.
-    pub(crate) fn begin(&mut self, delivery: &Delivery) {
+    /// Empties the outbox for a call on `delivery`, from a broker of kind
+    /// `broker`.
+    pub(crate) fn begin(&mut self, delivery: &Delivery, broker: BrokerKind) {
         self.outputs.clear();
         self.bytes = 0;
-        self.reply_to.clone_from(&delivery.reply_to);
+        self.broker = broker;
+        self.reply_to = delivery.reply_to.clone().map(Untrusted::from);
         self.correlation = delivery
             .correlation_id
             .clone()
             .or_else(|| delivery.message_id.clone());
+    }
+
+    /// The kind of broker the outputs go to.
+    pub(crate) fn broker(&self) -> BrokerKind {
+        self.broker
     }
 
     /// What the call sent, in order.
@@ -73,7 +97,7 @@ impl Outbox {
 
 /// The bytes an output counts against `max_output_bytes`: its address, body,
 /// strings and properties.
-fn size(address: &str, message: &Message) -> u64 {
+fn size(address: &Untrusted, message: &Message) -> u64 {
     let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
     let properties: usize = message
         .properties
@@ -97,16 +121,20 @@ fn size(address: &str, message: &Message) -> u64 {
 }
 
 impl StoreState {
-    fn keep_output(&mut self, address: String, message: Message) -> Result<(), SendError> {
+    fn keep_output(&mut self, address: Untrusted, message: Message) -> Result<(), SendError> {
         if let Some(reserved) = message
             .properties
             .iter()
             .find(|p| reserved_property(&p.key))
         {
-            return self.denied(&format!(
-                "message to `{address}` (it sets `{}`, a property the broker reserves)",
-                reserved.key
-            ));
+            return self.denied(
+                "message",
+                &address,
+                &format!(
+                    "it sets `{}`, a property the broker reserves",
+                    shown(&reserved.key)
+                ),
+            );
         }
         let limits = self.setup.grants.outputs;
         let outbox = &mut self.outbox;
@@ -122,12 +150,22 @@ impl StoreState {
         Ok(())
     }
 
-    fn denied(&self, what: &str) -> Result<(), SendError> {
+    /// Logs why an output was refused, the address bounded and escaped,
+    /// and tells the handler.
+    fn refused(&self, what: &str, address: &Untrusted, refusal: Refusal) -> Result<(), SendError> {
+        match refusal {
+            Refusal::TooLarge => Err(SendError::TooLarge),
+            Refusal::Denied(why) => self.denied(what, address, &why),
+        }
+    }
+
+    fn denied(&self, what: &str, address: &Untrusted, why: &str) -> Result<(), SendError> {
         let tags = &self.setup.tags;
         tracing::warn!(
             tenant = &*tags.tenant,
             mount = &*tags.mount,
-            "the handler's {what} was denied"
+            address = %address,
+            "the handler's {what} was denied: {why}"
         );
         Err(SendError::Denied)
     }
@@ -135,37 +173,39 @@ impl StoreState {
 
 impl Host for StoreState {
     fn send(&mut self, address: String, message: Message) -> Result<(), SendError> {
-        let granted = !address.is_empty()
-            && self
-                .setup
-                .grants
-                .send
-                .iter()
-                .any(|pattern| pattern.matches(&address));
-        if !granted {
-            return self.denied(&format!(
-                "send to `{address}` (not in the mount's `grants.send`)"
-            ));
+        let address = Untrusted::from(address);
+        let checked = self.setup.owners.current().check_send(
+            self.outbox.broker,
+            &self.setup.tags.tenant,
+            &self.setup.grants.send,
+            &address,
+        );
+        if let Err(refusal) = checked {
+            return self.refused("send", &address, refusal);
         }
         self.keep_output(address, message)
     }
 
     fn reply(&mut self, mut message: Message) -> Result<(), SendError> {
         let grant = &self.setup.grants.reply;
-        if !grant.granted() {
-            return self.denied("reply (the mount does not grant `reply`)");
-        }
         let Some(address) = self.outbox.reply_to.clone().filter(|a| !a.is_empty()) else {
+            if !grant.granted() {
+                return self.denied(
+                    "reply",
+                    &Untrusted::default(),
+                    "the mount does not grant `reply`",
+                );
+            }
             return Err(SendError::NoReplyTo);
         };
-        let tenant = &self.setup.tags.tenant;
-        if let Some(why) = self
-            .setup
-            .owners
-            .current()
-            .refuse_reply(tenant, grant, &address)
-        {
-            return self.denied(&format!("reply to `{address}` ({why})"));
+        let checked = self.setup.owners.current().check_reply(
+            self.outbox.broker,
+            &self.setup.tags.tenant,
+            grant,
+            &address,
+        );
+        if let Err(refusal) = checked {
+            return self.refused("reply", &address, refusal);
         }
         if message.correlation_id.is_none() {
             message.correlation_id.clone_from(&self.outbox.correlation);

@@ -31,6 +31,8 @@ pub(crate) struct MountContext {
     pub(crate) unsupported_warned: AtomicBool,
     /// The broker, as spans name it.
     pub(crate) peer: Peer,
+    /// Which broker it is: it decides how output addresses are read.
+    pub(crate) kind: BrokerKind,
 }
 
 /// The broker a mount's links are on, in the OpenTelemetry messaging
@@ -135,7 +137,6 @@ impl Links {
             credit: spec.credit(),
             max_message_size: mount.max_message_size,
             // A dead letter goes out exactly as the delivery arrived.
-            keep_payloads: mount.dead_letter.is_some(),
         };
         let subscription =
             tokio::time::timeout(timeout, Subscription::attach(&mut session.session, options))
@@ -270,6 +271,7 @@ impl Links {
                 address: session.endpoint.host.clone(),
                 port: session.endpoint.port,
             },
+            kind,
         };
         AttachedMount {
             context: Arc::new(context),

@@ -18,6 +18,7 @@ use crate::events::{Event, Handled};
 use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
 use crate::settlement::{self, Disposition, HandlerResult, Outcome, Plan, Publish};
 use crate::tenants::budget::Room;
+use wharf_core::text::shown;
 use wharf_core::trace::{Hex, TraceContext};
 
 /// Runs the handler on one delivery and carries out the plan for its
@@ -44,13 +45,19 @@ pub(super) async fn handle(
         tracing::warn!(
             tenant = &*spec.tags.tenant,
             mount = &*spec.tags.mount,
-            message_id = message.message_id(),
+            message_id = message
+                .message_id()
+                .as_deref()
+                .map(shown)
+                .map(field::display),
             "a retry count without a valid seal is not believed: the delivery counts as a first one"
         );
     }
     let counters = message.counters();
     let attempt = counters.attempt();
-    let message_id = message.message_id();
+    // Shown bounded and escaped wherever it is reported: the publisher
+    // chose it.
+    let message_id = message.message_id().map(|id| shown(&id).to_string());
     let publisher = match TraceContext::of(&message) {
         Ok(publisher) => publisher,
         Err(malformed) => {
@@ -77,7 +84,7 @@ pub(super) async fn handle(
             span.set("messaging.message.id", id);
         }
         if let Some(id) = message.correlation_id() {
-            span.set("messaging.message.conversation_id", id);
+            span.set("messaging.message.conversation_id", shown(&id).to_string());
         }
         if let Some(size) = message.body_size() {
             span.set("messaging.message.body.size", size as i64);
@@ -145,7 +152,7 @@ pub(super) async fn handle(
         let arrived = Arrived {
             info,
             message: &message,
-            payload: payload.as_ref(),
+            payload: &payload,
             counters,
             trace: trace.as_ref(),
         };
@@ -235,7 +242,7 @@ async fn run_handler(
         result,
         outputs,
         memory,
-    } = instance.call(&delivery).await;
+    } = instance.call(&delivery, context.kind).await;
     spec.metrics.output_dropped(instances.take_output_dropped());
     if let Err(failure) = &result {
         tracing::warn!(

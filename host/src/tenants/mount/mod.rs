@@ -36,6 +36,7 @@ use crate::settlement::Counters;
 use crate::telemetry::Telemetry;
 pub(crate) use attach::AttachedMount;
 use attach::Links;
+use wharf_core::text::shown;
 
 /// The module a mount runs, swapped whole when its file changes: deliveries
 /// already running finish on the instances they started with.
@@ -125,16 +126,29 @@ pub(crate) struct MountSpec {
     /// subscription ends with it, where a stop or a crash leaves it for the
     /// next start.
     ends_subscription: AtomicBool,
-    /// Deliveries settled `modified`, by message id: which message it was
-    /// (its identity, since publishers reuse ids), the attempt it was on
-    /// and how often in a row it came back on it.
-    returned: Mutex<HashMap<String, Returned>>,
+    /// Deliveries settled `modified`, by a digest of their message id:
+    /// which message it was (a digest of its identity, since publishers
+    /// reuse ids), the attempt it was on and how often in a row it came
+    /// back on it. Digests keep each entry small whatever ids publishers
+    /// choose.
+    returned: Mutex<HashMap<Digest, Returned>>,
+}
+
+/// The first bytes of a SHA-256 digest: enough to tell messages apart.
+type Digest = [u8; 16];
+
+fn digest(text: &str) -> Digest {
+    use sha2::Digest as _;
+    let full = sha2::Sha256::digest(text.as_bytes());
+    let mut short = [0; 16];
+    short.copy_from_slice(&full[..16]);
+    short
 }
 
 /// A delivery settled `modified`, remembered to see whether it comes back
 /// counted.
 struct Returned {
-    identity: String,
+    identity: Digest,
     attempt: u32,
     times: u32,
 }
@@ -239,15 +253,16 @@ impl MountSpec {
         }
         let attempt = counters.attempt();
         let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(last) = returned.get_mut(&id) else {
+        let key = digest(&id);
+        let Some(last) = returned.get_mut(&key) else {
             return;
         };
         // Another message under the same id proves nothing.
-        if last.identity != message.identity() {
+        if last.identity != digest(&message.identity()) {
             return;
         }
         if last.attempt != attempt {
-            returned.remove(&id);
+            returned.remove(&key);
             return;
         }
         last.times += 1;
@@ -258,7 +273,7 @@ impl MountSpec {
             tracing::warn!(
                 tenant = &*tags.tenant,
                 mount = &*tags.mount,
-                message_id = id.as_str(),
+                message_id = %shown(&id),
                 attempt,
                 "the broker hands `modified` deliveries back without counting them; retries are copies from now on"
             );
@@ -270,13 +285,13 @@ impl MountSpec {
         let Some(id) = message.message_id() else {
             return;
         };
-        let identity = message.identity();
+        let identity = digest(&message.identity());
         let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
         if returned.len() >= RETURNS_REMEMBERED {
             returned.clear();
         }
-        let entry = returned.entry(id).or_insert(Returned {
-            identity: identity.clone(),
+        let entry = returned.entry(digest(&id)).or_insert(Returned {
+            identity,
             attempt,
             times: 0,
         });

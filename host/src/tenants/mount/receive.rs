@@ -19,6 +19,7 @@ use super::MountSpec;
 use super::attach::{AttachedMount, MountContext};
 use super::deliver;
 use super::settle::{self, SettleRequest, Settler};
+use crate::broker::message;
 use crate::broker::{BrokerError, Inbound, Received, Subscription};
 use crate::config::Settle;
 use crate::events::Event;
@@ -111,6 +112,7 @@ impl AttachedMount {
                         }
                         Ok(Received::Undecodable { info, reason, payload }) => {
                             let reason = format!("not a readable AMQP message: {reason}");
+                            let message_id = message::message_id_of(&payload);
                             match &spec.config.dead_letter {
                                 // Settled like any other delivery: through
                                 // this loop, once its dead letter is in.
@@ -126,13 +128,14 @@ impl AttachedMount {
                                 }
                                 _ => {
                                     let result = subscription.reject_undecodable(info, &reason, context.policy().rejected_requeues).await;
-                                    refused(&context, reason, result.err().map(|e| e.to_string()));
+                                    refused(&context, message_id, reason, result.err().map(|e| e.to_string()));
                                 }
                             }
                         }
                         Ok(Received::Oversized { size, max_size }) => {
                             refused(
                                 &context,
+                                None,
                                 format!("{size} bytes is over the mount's max_message_size of {max_size}"),
                                 None,
                             );
@@ -243,13 +246,17 @@ async fn take_the_rest(
                 start(tasks, inbound, room).await;
                 taken += 1;
             }
-            Ok(Ok(Received::Undecodable { reason, .. })) => refused(
+            Ok(Ok(Received::Undecodable {
+                reason, payload, ..
+            })) => refused(
                 handling.context,
+                message::message_id_of(&payload),
                 format!("not a readable AMQP message: {reason}"),
                 None,
             ),
             Ok(Ok(Received::Oversized { size, max_size })) => refused(
                 handling.context,
+                None,
                 format!("{size} bytes is over the mount's max_message_size of {max_size}"),
                 None,
             ),
@@ -391,31 +398,40 @@ async fn dead_letter_unreadable(
         .dead_letter
         .as_deref()
         .expect("spawned only for mounts with a dead-letter address");
+    let message_id = message::message_id_of(&payload);
     let result =
         settle::dead_letter_unreadable(&context, &settler, info, payload, &reason, address).await;
-    refused(&context, reason, result.err());
+    refused(&context, message_id, reason, result.err());
     drop(unsettled);
 }
 
 /// A delivery the host settled without running the handler.
-fn refused(context: &MountContext, reason: String, error: Option<String>) {
+fn refused(
+    context: &MountContext,
+    message_id: Option<String>,
+    reason: String,
+    error: Option<String>,
+) {
     let tags = &context.spec.tags;
     context.spec.metrics.refused();
     match &error {
         None => tracing::warn!(
             tenant = &*tags.tenant,
             mount = &*tags.mount,
+            message_id,
             "delivery rejected without running the handler: {reason}"
         ),
         Some(e) => tracing::error!(
             tenant = &*tags.tenant,
             mount = &*tags.mount,
+            message_id,
             "delivery could not be rejected ({e}): {reason}"
         ),
     }
     let _ = context.spec.events.send(Event::Refused {
         tenant: tags.tenant.clone(),
         mount: tags.mount.clone(),
+        message_id,
         reason,
     });
 }

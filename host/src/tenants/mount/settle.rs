@@ -19,6 +19,9 @@ use crate::settlement::{
     self, AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Publish, Published,
 };
 use crate::telemetry::{Kind, Span};
+use wharf_core::address::MAX_ADDRESS_BYTES;
+use wharf_core::message::CopyOf;
+use wharf_core::text::{self, shown};
 use wharf_core::trace::TraceContext;
 
 /// The message annotation a dead letter carries when the host knows more
@@ -62,9 +65,9 @@ pub(super) struct Arrived<'a> {
     pub(super) info: DeliveryInfo,
     /// The message, decoded.
     pub(super) message: &'a AmqpMessage,
-    /// The message as it arrived, where the mount keeps it (for dead
-    /// letters exactly as received).
-    pub(super) payload: Option<&'a Bytes>,
+    /// The message as it arrived: dead letters go exactly so, copies are
+    /// made from it.
+    pub(super) payload: &'a Bytes,
     /// Its counters, for a plan made again.
     pub(super) counters: Counters,
     /// The trace context of its handling, when its publisher sent one:
@@ -252,23 +255,13 @@ async fn publish_one(
                 .dead_letter
                 .as_deref()
                 .expect("plans only dead-letter when the mount declares an address");
-            let payload = match arrived.payload {
-                Some(payload) => Ok(payload.clone()),
-                None => arrived.message.encode(),
-            };
             let (trace, mut span) = send_span(context, arrived.trace, address);
             crate::telemetry::set(&mut span, "wharf.dead_letter", true);
-            let published = match payload {
-                Ok(payload) => {
-                    let mut payload = with_reason(payload, reason);
-                    if let Some(trace) = &trace {
-                        payload = wharf_core::trace::carried_on_payload(&payload, trace)
-                            .unwrap_or(payload);
-                    }
-                    published(context.publisher.publish(address, payload).await)
-                }
-                Err(e) => not_encoded(&e),
-            };
+            let mut payload = with_reason(arrived.payload.clone(), reason);
+            if let Some(trace) = &trace {
+                payload = wharf_core::trace::carried_on_payload(&payload, trace).unwrap_or(payload);
+            }
+            let published = published(context.publisher.publish(address, payload).await);
             sent(span, &published);
             if published == Published::Accepted {
                 spec.metrics.dead_lettered();
@@ -288,22 +281,22 @@ async fn publish_one(
                     None
                 }
             };
-            let mut copy = arrived.message.copy(retry_count, due);
             let (trace, mut span) = send_span(context, arrived.trace, &spec.config.address);
-            if let Some(trace) = &trace {
-                copy.set_trace(trace);
-            }
+            let message_id = arrived.message.message_id();
             if let Some(span) = &mut span {
                 span.set("wharf.retry_count", i64::from(retry_count));
                 span.set("wharf.delay_ms", delay.as_millis() as i64);
-                if let Some(id) = copy.message_id() {
-                    span.set("messaging.message.id", id);
+                if let Some(id) = &message_id {
+                    span.set("messaging.message.id", shown(id).to_string());
                 }
             }
-            if let Some(key) = &spec.retry_key {
-                copy.seal_retry_count(key);
-            }
-            let published = match copy.encode() {
+            let copy = CopyOf {
+                retry_count,
+                due,
+                trace: trace.as_ref(),
+                seal: spec.retry_key.as_ref(),
+            };
+            let published = match message::copy_payload(arrived.payload, arrived.message, copy) {
                 Ok(payload) => published(
                     context
                         .publisher
@@ -318,7 +311,7 @@ async fn publish_one(
             let _ = spec.events.send(Event::CopyPublished {
                 tenant: spec.tags.tenant.clone(),
                 mount: spec.tags.mount.clone(),
-                message_id: copy.message_id(),
+                message_id,
                 retry_count,
                 error: published.failure().map(str::to_owned),
             });
@@ -328,10 +321,14 @@ async fn publish_one(
 }
 
 /// A dead letter's payload, with the reason among its annotations when
-/// there is one to give (and the payload's sections can be found).
+/// there is one to give (and the payload's sections can be found), cut to
+/// [`text::DESCRIPTION_BYTES`].
 fn with_reason(payload: Bytes, reason: Option<&str>) -> Bytes {
     match reason {
-        Some(reason) => message::annotate(&payload, DEAD_LETTER_REASON, reason).unwrap_or(payload),
+        Some(reason) => {
+            let reason = text::bounded(reason.to_owned(), text::DESCRIPTION_BYTES);
+            message::annotate(&payload, DEAD_LETTER_REASON, &reason).unwrap_or(payload)
+        }
         None => payload,
     }
 }
@@ -380,16 +377,22 @@ fn encode_outputs(
                 index,
                 context.duplicate_ids,
             );
-            let (trace, mut span) = send_span(context, input.trace, &output.address);
+            // The outbox let no longer address in; checked again where it
+            // becomes wire text.
+            let address = output
+                .address
+                .wire(MAX_ADDRESS_BYTES)
+                .map_err(|e| message::DecodeFailure::new(format!("its address is {e}")))?;
+            let (trace, mut span) = send_span(context, input.trace, address);
             if let Some(trace) = &trace {
                 message.set_trace(trace);
             }
             if let (Some(span), Some(id)) = (&mut span, message.message_id()) {
-                span.set("messaging.message.id", id);
+                span.set("messaging.message.id", shown(&id).to_string());
             }
             spans.push(span);
             Ok(Output {
-                address: output.address.clone(),
+                address: address.to_owned(),
                 payload: message.encode()?,
             })
         })
@@ -404,15 +407,15 @@ fn send_span(
     parent: Option<&TraceContext>,
     address: &str,
 ) -> (Option<TraceContext>, Option<Span>) {
-    let (trace, mut span) =
-        context
-            .spec
-            .telemetry
-            .child(parent, format_args!("send {address}"), Kind::Producer);
+    let (trace, mut span) = context.spec.telemetry.child(
+        parent,
+        format_args!("send {}", shown(address)),
+        Kind::Producer,
+    );
     if let Some(span) = &mut span {
         context.peer.describe(span);
         span.set("messaging.operation.type", "send");
-        span.set("messaging.destination.name", address);
+        span.set("messaging.destination.name", shown(address).to_string());
     }
     (trace, span)
 }

@@ -213,6 +213,11 @@ pub enum SenderAttachError {
     #[error("Link name is not unique.")]
     DuplicatedLinkName,
 
+    /// The attach would not fit in one frame of the peer's max-frame-size
+    /// (a long address or link name); nothing was sent.
+    #[error("{}", .0)]
+    FrameTooLarge(FrameTooLarge),
+
     /// Illegal link state
     #[error("Illegal link state")]
     IllegalState,
@@ -434,6 +439,11 @@ pub enum ReceiverAttachError {
     #[error("Link name is not unique.")]
     DuplicatedLinkName,
 
+    /// The attach would not fit in one frame of the peer's max-frame-size
+    /// (a long address or link name); nothing was sent.
+    #[error("{}", .0)]
+    FrameTooLarge(FrameTooLarge),
+
     /// Illegal link state
     #[error("Illegal link state")]
     IllegalState,
@@ -638,6 +648,11 @@ pub enum LinkStateError {
     /// an incoming Detach frame
     #[error("Expecting an immediate detach")]
     ExpectImmediateDetach,
+
+    /// A performative would not fit in one frame; nothing was sent and the
+    /// link is as it was.
+    #[error("{}", .0)]
+    FrameTooLarge(FrameTooLarge),
 }
 
 impl From<DetachError> for LinkStateError {
@@ -664,6 +679,7 @@ impl LinkStateError {
             | Self::RemoteClosedWithError(_)
             | Self::IllegalState
             | Self::ExpectImmediateDetach => ErrorRecovery::NewLink,
+            Self::FrameTooLarge(_) => ErrorRecovery::UseLink,
         }
     }
 }
@@ -804,6 +820,21 @@ impl RecvError {
     }
 }
 
+/// A performative that would not fit in one frame of the peer's
+/// `max-frame-size`. Only transfers may span frames; any other
+/// performative that does not fit is refused before it is sent, so the
+/// peer never reads a frame cut in pieces (and closes the connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the {performative} would be a frame of {size} bytes, over the peer's max-frame-size of {max}")]
+pub struct FrameTooLarge {
+    /// `attach`, `disposition`, ...
+    pub performative: &'static str,
+    /// The frame's size, header included.
+    pub size: usize,
+    /// The peer's max-frame-size.
+    pub max: usize,
+}
+
 /// Type alias for disposition error
 pub type DispositionError = IllegalLinkStateError;
 
@@ -820,6 +851,10 @@ pub enum IllegalLinkStateError {
     /// The session (or its connection) stopped before the link was detached or closed
     #[error("{}", .0)]
     SessionStopped(SessionStopReason),
+
+    /// The performative would not fit in one frame; nothing was sent.
+    #[error("{}", .0)]
+    FrameTooLarge(FrameTooLarge),
 }
 
 pub(crate) type SendAttachErrorKind = IllegalLinkStateError;
@@ -829,6 +864,7 @@ impl From<IllegalLinkStateError> for LinkStateError {
         match value {
             IllegalLinkStateError::IllegalState => LinkStateError::IllegalState,
             IllegalLinkStateError::SessionStopped(reason) => LinkStateError::SessionStopped(reason),
+            IllegalLinkStateError::FrameTooLarge(e) => LinkStateError::FrameTooLarge(e),
         }
     }
 }
@@ -840,6 +876,7 @@ impl From<IllegalLinkStateError> for ReceiverAttachError {
             IllegalLinkStateError::SessionStopped(reason) => {
                 ReceiverAttachError::SessionStopped(reason)
             }
+            IllegalLinkStateError::FrameTooLarge(e) => ReceiverAttachError::FrameTooLarge(e),
         }
     }
 }
@@ -851,6 +888,7 @@ impl From<IllegalLinkStateError> for SenderAttachError {
             IllegalLinkStateError::SessionStopped(reason) => {
                 SenderAttachError::SessionStopped(reason)
             }
+            IllegalLinkStateError::FrameTooLarge(e) => SenderAttachError::FrameTooLarge(e),
         }
     }
 }
@@ -862,6 +900,7 @@ impl From<IllegalLinkStateError> for SendError {
             IllegalLinkStateError::SessionStopped(reason) => {
                 LinkStateError::SessionStopped(reason).into()
             }
+            IllegalLinkStateError::FrameTooLarge(e) => LinkStateError::FrameTooLarge(e).into(),
         }
     }
 }
@@ -869,7 +908,9 @@ impl From<IllegalLinkStateError> for SendError {
 impl From<IllegalLinkStateError> for DetachError {
     fn from(value: IllegalLinkStateError) -> Self {
         match value {
-            IllegalLinkStateError::IllegalState => Self::IllegalState,
+            IllegalLinkStateError::IllegalState | IllegalLinkStateError::FrameTooLarge(_) => {
+                Self::IllegalState
+            }
             IllegalLinkStateError::SessionStopped(reason) => Self::SessionStopped(reason),
         }
     }

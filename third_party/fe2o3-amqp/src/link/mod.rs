@@ -14,6 +14,32 @@ use fe2o3_amqp_types::{
 
 pub use error::*;
 
+/// Bytes a frame takes beside its performative's encoding: the size, the
+/// data offset, the type and the channel.
+const FRAME_HEADER: usize = 8;
+
+/// Refuses a performative that would not fit in one frame: `max` is the
+/// link's max frame size as the transport's encoder counts it (without the
+/// four bytes of the size itself).
+pub(crate) fn fits_in_a_frame<T: serde::Serialize>(
+    performative: &T,
+    name: &'static str,
+    max: usize,
+) -> Result<(), IllegalLinkStateError> {
+    let size = serialized_size(performative)
+        .unwrap_or(usize::MAX)
+        .saturating_add(FRAME_HEADER);
+    let peer_max = max.saturating_add(4);
+    if size > peer_max {
+        return Err(IllegalLinkStateError::FrameTooLarge(FrameTooLarge {
+            performative: name,
+            size,
+            max: peer_max,
+        }));
+    }
+    Ok(())
+}
+
 use parking_lot::RwLock;
 pub use receiver::{CreditMode, Receiver, ReceiverDisposer};
 pub use sender::Sender;
@@ -367,6 +393,7 @@ where
                 self.as_maybe_incomplete_attach(self.max_frame_size, handle, is_reattaching)?
             }
         };
+        fits_in_a_frame(&attach, "attach", self.max_frame_size)?;
         let incomplete_unsettled = attach.incomplete_unsettled;
         let frame = LinkFrame::Attach(attach);
 
@@ -457,11 +484,19 @@ where
 
         match self.output_handle.clone() {
             Some(handle) => {
-                let detach = Detach {
+                let mut detach = Detach {
                     handle: handle.into(),
                     closed,
                     error,
                 };
+                // A detach must go out: one whose error's words would not
+                // fit in a frame goes with the condition alone.
+                if fits_in_a_frame(&detach, "detach", self.max_frame_size).is_err() {
+                    if let Some(error) = &mut detach.error {
+                        error.description = None;
+                        error.info = None;
+                    }
+                }
 
                 #[cfg(feature = "tracing")]
                 tracing::debug!("Sending detach: {:?}", detach);

@@ -280,6 +280,16 @@ where
         state: DeliveryState,
         batchable: bool,
     ) -> Result<(), Self::DispositionError> {
+        // Refused before anything changes: the delivery stays as it was.
+        let probe = Disposition {
+            role: Role::Receiver,
+            first: delivery_info.delivery_id,
+            last: None,
+            settled: true,
+            state: Some(state.clone()),
+            batchable,
+        };
+        super::fits_in_a_frame(&probe, "disposition", self.max_frame_size)?;
         let settled = settled.unwrap_or({
             match delivery_info
                 .rcv_settle_mode
@@ -523,6 +533,15 @@ impl<T> ReceiverLink<T> {
         if consecutive_infos.is_empty() {
             return Ok(());
         }
+        let probe = Disposition {
+            role: Role::Receiver,
+            first: consecutive_infos[0].delivery_id,
+            last: consecutive_infos.last().map(|el| el.delivery_id),
+            settled: true,
+            state: Some(state.clone()),
+            batchable,
+        };
+        super::fits_in_a_frame(&probe, "disposition", self.max_frame_size)?;
 
         let settled = settled.unwrap_or({
             match consecutive_infos[0]
@@ -925,6 +944,14 @@ where
         session: &mpsc::Sender<SessionControl>,
     ) -> ReceiverAttachError {
         match attach_error {
+            // Nothing was sent: the name and handle go back to the session.
+            ReceiverAttachError::FrameTooLarge(_) => {
+                if let Some(handle) = self.output_handle.take() {
+                    let _ = session.send(SessionControl::DeallocateLink(handle)).await;
+                }
+                attach_error
+            }
+
             // Errors that indicate failed attachment
             ReceiverAttachError::SessionStopped(_)
             | ReceiverAttachError::IllegalState

@@ -871,6 +871,14 @@ where
         session: &mpsc::Sender<SessionControl>,
     ) -> SenderAttachError {
         match attach_error {
+            // Nothing was sent: the name and handle go back to the session.
+            SenderAttachError::FrameTooLarge(_) => {
+                if let Some(handle) = self.output_handle.take() {
+                    let _ = session.send(SessionControl::DeallocateLink(handle)).await;
+                }
+                attach_error
+            }
+
             SenderAttachError::SessionStopped(_)
             | SenderAttachError::SessionNotMapped
             | SenderAttachError::IllegalState

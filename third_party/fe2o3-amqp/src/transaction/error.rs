@@ -142,6 +142,7 @@ impl From<IllegalLinkStateError> for ControllerSendError {
             IllegalLinkStateError::SessionStopped(reason) => {
                 LinkStateError::SessionStopped(reason).into()
             }
+            IllegalLinkStateError::FrameTooLarge(e) => LinkStateError::FrameTooLarge(e).into(),
         }
     }
 }
@@ -258,6 +259,7 @@ impl From<IllegalLinkStateError> for PostError {
             IllegalLinkStateError::SessionStopped(reason) => {
                 LinkStateError::SessionStopped(reason).into()
             }
+            IllegalLinkStateError::FrameTooLarge(e) => LinkStateError::FrameTooLarge(e).into(),
         }
     }
 }

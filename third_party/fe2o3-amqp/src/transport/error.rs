@@ -31,6 +31,16 @@ pub enum Error {
     /// Connection error: framing error
     #[error("Connection error: framing error")]
     FramingError,
+
+    /// A frame other than a transfer would be longer than the peer's
+    /// max-frame-size: it is not sent.
+    #[error("a frame of {size} bytes is over the peer's max-frame-size of {max}")]
+    FrameTooLarge {
+        /// The frame's size.
+        size: usize,
+        /// The peer's max-frame-size.
+        max: usize,
+    },
 }
 
 impl From<serde_amqp::Error> for Error {

@@ -452,8 +452,18 @@ where
         let mut bytesmut = BytesMut::new();
         let max_frame_size = self.framed_write.encoder().max_frame_length();
         let mut encoder = amqp::FrameEncoder::new(max_frame_size);
+        let transfer = matches!(item.body, amqp::FrameBody::Transfer { .. });
         encoder.encode(item, &mut bytesmut)?;
 
+        // A transfer is already split into frames of its own by the
+        // encoder; anything else longer than the peer takes is refused,
+        // never cut into pieces the peer would read as garbage.
+        if !transfer && bytesmut.len() > max_frame_size {
+            return Err(Error::FrameTooLarge {
+                size: bytesmut.len() + 4,
+                max: max_frame_size + 4,
+            });
+        }
         while bytesmut.len() > max_frame_size {
             let partial = bytesmut.split_to(max_frame_size);
             let writer = Pin::new(&mut self.framed_write);
