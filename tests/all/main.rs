@@ -26,5 +26,6 @@ mod tenants;
 mod tls;
 mod topics;
 mod trace_context;
+mod untrusted;
 
 pub(crate) use wharf_tests::*;

@@ -360,7 +360,7 @@ impl Client {
 
 /// A connection on a socket with `TCP_NODELAY`, as wharf opens them, so a
 /// test client is never the slow end.
-async fn open(url: &str) -> anyhow::Result<ConnectionHandle<()>> {
+pub async fn open(url: &str) -> anyhow::Result<ConnectionHandle<()>> {
     let endpoint = Endpoint::parse(url).map_err(anyhow::Error::msg)?;
     let stream = wharf::broker::socket::connect(&endpoint.host, endpoint.port, DEADLINE).await?;
     let profile = match &endpoint.user {

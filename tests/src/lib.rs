@@ -12,6 +12,7 @@ pub mod artemis_users;
 pub mod bench;
 pub mod client;
 pub mod collector;
+pub mod hostile_messages;
 pub mod neighbour;
 pub mod process;
 pub mod proxy;
@@ -292,6 +293,15 @@ impl TestHost {
                 None => self.backlog.push(event),
             }
         }
+    }
+
+    /// The next event, whatever it is: from the backlog first, then the
+    /// stream.
+    pub async fn next_event(&mut self) -> anyhow::Result<Event> {
+        if !self.backlog.is_empty() {
+            return Ok(self.backlog.remove(0));
+        }
+        next_event(&mut self.events).await
     }
 
     /// Whether an event `pick` takes has already arrived (without waiting).

@@ -203,6 +203,25 @@ impl WharfProcess {
         handled
     }
 
+    /// Every log line until one contains `needle`, that one included.
+    pub async fn lines_until(&mut self, needle: &str) -> anyhow::Result<Vec<String>> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let mut lines = Vec::new();
+        loop {
+            match self.next_line(deadline).await {
+                Ok(Some(line)) => {
+                    let found = line.contains(needle);
+                    lines.push(line);
+                    if found {
+                        return Ok(lines);
+                    }
+                }
+                Ok(None) => anyhow::bail!("wharf exited before logging {needle:?}"),
+                Err(e) => anyhow::bail!("no log line with {needle:?} ({e})"),
+            }
+        }
+    }
+
     /// Reads the log until a line contains `needle`.
     pub async fn wait_for_log(&mut self, needle: &str) -> anyhow::Result<String> {
         let deadline = tokio::time::Instant::now() + DEADLINE;

@@ -28,7 +28,8 @@
 //! (`2:send=out,reply,retry`): `send=ADDRESS` (the delivery's body, with the
 //! property `n` counting this delivery's outputs), `sends=N=ADDRESS` (N such
 //! messages), `sendwith=KEY=ADDRESS` (as `send`, with the string property
-//! KEY), `reply` (the body prefixed `re:`), `pad=BYTES` (later outputs
+//! KEY), `sendid=ID=ADDRESS` (as `send`, with the message-id ID), `reply`
+//! (the body prefixed `re:`), `pad=BYTES` (later outputs
 //! carry that many more bytes). Each must succeed or the delivery is dropped;
 //! `fails=ERROR` instead requires the effect before it to have failed with
 //! ERROR (`denied`, `too-many`, `too-large`, `no-reply-to`).
@@ -57,7 +58,15 @@ fn handle(d: Delivery) -> Outcome {
 /// A step's leading effects, and its action: only an effect's name takes
 /// a comma after it, so an action's argument may hold commas.
 fn split_effects(step: &str) -> (Vec<&str>, &str) {
-    const EFFECTS: [&str; 6] = ["send=", "sends=", "sendwith=", "reply", "pad=", "fails="];
+    const EFFECTS: [&str; 7] = [
+        "send=",
+        "sends=",
+        "sendwith=",
+        "sendid=",
+        "reply",
+        "pad=",
+        "fails=",
+    ];
     let mut effects = Vec::new();
     let mut rest = step;
     while EFFECTS.iter().any(|e| rest.starts_with(e))
@@ -105,6 +114,11 @@ fn publish(d: &Delivery, effects: &[&str]) -> Result<(), String> {
         {
             let message = output().with_property(key, Value::String("x".to_owned()));
             outbox::send(address, message)
+        } else if let Some((id, address)) = effect
+            .strip_prefix("sendid=")
+            .and_then(|rest| rest.split_once('='))
+        {
+            outbox::send(address, output().with_message_id(id))
         } else if *effect == "reply" {
             let mut body = b"re:".to_vec();
             body.extend_from_slice(&d.body);
