@@ -759,7 +759,7 @@ async fn a_handlers_output_id_is_never_a_duplicate_id() -> anyhow::Result<()> {
 
 /// A message of many small values takes many times its size once decoded,
 /// and is counted so: with a tenant budget of 16 MiB, deliveries of
-/// 256 KiB of one-byte values (each ~23 MiB decoded) run one at a time,
+/// 250,000 one-byte values (each ~21 MiB decoded) run one at a time,
 /// though the mount would run four.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_is_counted_at_its_decoded_size() -> anyhow::Result<()> {
@@ -815,7 +815,7 @@ async fn a_message_is_counted_at_its_decoded_size() -> anyhow::Result<()> {
     }
     assert_eq!(
         most, 1,
-        "deliveries of ~23 MiB decoded each ran {most} at once in a 16 MiB budget"
+        "deliveries of ~21 MiB decoded each ran {most} at once in a 16 MiB budget"
     );
     println!(
         "decoded size: 4 messages of 250,000 one-byte values ran one at a time in a 16 MiB budget"
