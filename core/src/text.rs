@@ -70,7 +70,7 @@ impl Untrusted {
 
     /// A rendering showing at most `max` bytes of it.
     pub fn shown_up_to(&self, max: usize) -> Shown<'_> {
-        Shown { text: &self.0, max }
+        shown_up_to(&self.0, max)
     }
 }
 
@@ -108,10 +108,13 @@ pub struct Shown<'a> {
 
 /// `text` rendered for a person: at most [`SHOWN_BYTES`] of it, escaped.
 pub fn shown(text: &str) -> Shown<'_> {
-    Shown {
-        text,
-        max: SHOWN_BYTES,
-    }
+    shown_up_to(text, SHOWN_BYTES)
+}
+
+/// `text` rendered for a person: at most `max` bytes of it, escaped (for
+/// text that is the whole of a line, as a handler's log line is).
+pub fn shown_up_to(text: &str, max: usize) -> Shown<'_> {
+    Shown { text, max }
 }
 
 impl fmt::Display for Shown<'_> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use wharf_core::brokers::BrokerKind;
 use wharf_core::grants::{AddressOwners, Refusal};
 use wharf_core::message::reserved_property;
-use wharf_core::text::{Untrusted, shown};
+use wharf_core::text::{SHOWN_BYTES, Untrusted, shown};
 
 use super::bindings::wharf::handler::outbox::{Host, Message, SendError};
 use super::store::StoreState;
@@ -161,12 +161,16 @@ impl StoreState {
 
     fn denied(&self, what: &str, address: &Untrusted, why: &str) -> Result<(), SendError> {
         let tags = &self.setup.tags;
-        tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
-            address = %address,
-            "the handler's {what} was denied: {why}"
-        );
+        // Charged to the tenant's log_rate: a handler asking again and
+        // again cannot flood the log.
+        if self.setup.log.take(why.len() + SHOWN_BYTES) {
+            tracing::warn!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                address = %address,
+                "the handler's {what} was denied: {why}"
+            );
+        }
         Err(SendError::Denied)
     }
 }

@@ -10,7 +10,8 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use super::Output;
-use super::store::{InstanceSetup, MAX_LOG_LINE, escape_controls, truncate};
+use super::store::{InstanceSetup, MAX_LOG_LINE};
+use wharf_core::text::shown_up_to;
 
 /// Bytes of output kept per stream and delivery; the rest is counted and
 /// dropped, so a chatty or hostile guest cannot flood the log.
@@ -95,7 +96,7 @@ impl Lines {
             mount = &*tags.mount,
             stream = self.stream,
             "{}",
-            escape_controls(truncate(&text, MAX_LOG_LINE))
+            shown_up_to(&text, MAX_LOG_LINE)
         );
     }
 }

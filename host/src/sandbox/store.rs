@@ -16,6 +16,7 @@ use super::outbox::{Outbox, Owners};
 use super::output::LogOutput;
 use super::share::GuestLog;
 use crate::config::LogLevel;
+use wharf_core::text::shown_up_to;
 
 /// Longest guest log line kept (from the `log` import or its output
 /// streams); the rest is cut so a handler cannot flood the host's log.
@@ -199,7 +200,9 @@ impl LogHost for StoreState {
             return;
         }
         self.logged += message.len();
-        let message = escape_controls(truncate(&message, MAX_LOG_LINE));
+        // Escaped, so a guest cannot forge log lines or drive the
+        // operator's terminal.
+        let message = shown_up_to(&message, MAX_LOG_LINE);
         let tags = &self.setup.tags;
         let (tenant, mount) = (&*tags.tenant, &*tags.mount);
         match capped(level, self.setup.log.level) {
@@ -231,35 +234,6 @@ fn capped(level: Level, cap: LogLevel) -> Level {
         LogLevel::Debug => Level::Debug,
         LogLevel::Trace => Level::Trace,
     }
-}
-
-/// `text` with control characters (newlines, carriage returns, escape
-/// sequences) written out as escapes, so a guest cannot forge log lines or
-/// drive the operator's terminal. Tabs stay.
-pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(|c| c.is_control() && c != '\t') {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut escaped = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if c.is_control() && c != '\t' {
-            escaped.extend(c.escape_default());
-        } else {
-            escaped.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(escaped)
-}
-
-pub(crate) fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Caps the linear memory of an instance (all its memories together) and
@@ -340,15 +314,6 @@ mod tests {
         assert_eq!(at(Level::Error, LogLevel::Error), "Level::Error");
         assert_eq!(at(Level::Debug, LogLevel::Info), "Level::Debug");
         assert_eq!(at(Level::Trace, LogLevel::Error), "Level::Trace");
-    }
-
-    #[test]
-    fn control_characters_are_escaped() {
-        assert_eq!(escape_controls("plain\ttext"), "plain\ttext");
-        assert_eq!(
-            escape_controls("ok\nlevel=ERROR tenant=other forged\r\u{1b}[2J"),
-            "ok\\nlevel=ERROR tenant=other forged\\r\\u{1b}[2J"
-        );
     }
 
     #[test]

@@ -147,6 +147,15 @@ impl TenantLimits {
         self.share.clone()
     }
 
+    /// Whether a host log line of about `bytes` about what the tenant's
+    /// traffic did (a delivery refused unread, a handler's failure) may be
+    /// logged at its level now: such lines are charged to the tenant's
+    /// `log_rate` like its handlers' own, so a publisher flooding a mount
+    /// with bad messages cannot flood the log.
+    pub(crate) fn may_tell(&self, bytes: usize) -> bool {
+        self.share.log.take(bytes)
+    }
+
     /// One mount's share of the tenant's `max_buffered`, in bytes.
     pub(crate) fn buffered_share(&self) -> u64 {
         self.buffered.bytes() / u64::from(self.mounts)

@@ -18,7 +18,7 @@ use crate::events::{Event, Handled};
 use crate::sandbox::{Call, MemoryHeld, Outgoing, Reserved};
 use crate::settlement::{self, Disposition, HandlerResult, Outcome, Plan, Publish};
 use crate::tenants::budget::Room;
-use wharf_core::text::shown;
+use wharf_core::text::{self, shown, shown_up_to};
 use wharf_core::trace::{Hex, TraceContext};
 
 /// Runs the handler on one delivery and carries out the plan for its
@@ -245,12 +245,23 @@ async fn run_handler(
     } = instance.call(&delivery, context.kind).await;
     spec.metrics.output_dropped(instances.take_output_dropped());
     if let Err(failure) = &result {
-        tracing::warn!(
-            kind = failure.kind(),
-            module = %module.path().display(),
-            version = &**module.version(),
-            "handler failed, treating it as retry: {failure}"
-        );
+        // The failure's words may quote the guest (a trap's message, its
+        // frames' names): bounded, escaped, and charged to the tenant.
+        let words = failure.to_string();
+        let words = shown_up_to(&words, text::DESCRIPTION_BYTES);
+        if spec.tenant.may_tell(text::DESCRIPTION_BYTES) {
+            tracing::warn!(
+                kind = failure.kind(),
+                module = %module.path().display(),
+                version = &**module.version(),
+                "handler failed, treating it as retry: {words}"
+            );
+        } else {
+            tracing::debug!(
+                kind = failure.kind(),
+                "handler failed, treating it as retry (over the tenant's log_rate): {words}"
+            );
+        }
         spec.metrics.failed(failure.kind());
     }
     (result, outputs, memory)

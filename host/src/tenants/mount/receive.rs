@@ -405,6 +405,10 @@ async fn dead_letter_unreadable(
     drop(unsettled);
 }
 
+/// What a host log line takes beside its message: time, level, target,
+/// tenant, mount and ids, about.
+const LINE_OVERHEAD: usize = 160;
+
 /// A delivery the host settled without running the handler.
 fn refused(
     context: &MountContext,
@@ -414,19 +418,29 @@ fn refused(
 ) {
     let tags = &context.spec.tags;
     context.spec.metrics.refused();
-    match &error {
-        None => tracing::warn!(
+    let line = reason.len() + error.as_ref().map_or(0, String::len) + LINE_OVERHEAD;
+    if !context.spec.tenant.may_tell(line) {
+        tracing::debug!(
             tenant = &*tags.tenant,
             mount = &*tags.mount,
             message_id,
-            "delivery rejected without running the handler: {reason}"
-        ),
-        Some(e) => tracing::error!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
-            message_id,
-            "delivery could not be rejected ({e}): {reason}"
-        ),
+            "delivery rejected without running the handler (over the tenant's log_rate): {reason}"
+        );
+    } else {
+        match &error {
+            None => tracing::warn!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                message_id,
+                "delivery rejected without running the handler: {reason}"
+            ),
+            Some(e) => tracing::error!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                message_id,
+                "delivery could not be rejected ({e}): {reason}"
+            ),
+        }
     }
     let _ = context.spec.events.send(Event::Refused {
         tenant: tags.tenant.clone(),
