@@ -232,17 +232,16 @@ fn activemq(address: &str) -> Result<Vec<String>, AddressError> {
     Ok(names)
 }
 
-/// Qpid Broker-J: a queue or exchange name, or `exchange/routing-key`. A
-/// name with slashes reaches every part of it and every tail of it (a key
-/// may hold slashes itself).
+/// Qpid Broker-J: a queue or exchange name, or `exchange/routing-key`,
+/// which reaches the queues the key is bound to: a name with slashes
+/// reaches every tail of it (a key may hold slashes itself). The exchange
+/// in front is a way through, not a destination.
 fn qpid(address: &str) -> Vec<String> {
     let mut names = vec![address.to_owned()];
     let mut rest = address;
-    while let Some((head, tail)) = rest.split_once('/') {
-        for name in [head, tail] {
-            if !name.is_empty() {
-                push_new(&mut names, name);
-            }
+    while let Some((_, tail)) = rest.split_once('/') {
+        if !tail.is_empty() {
+            push_new(&mut names, tail);
         }
         rest = tail;
     }
@@ -336,10 +335,14 @@ mod tests {
     }
 
     #[test]
-    fn broker_j_reaches_every_part_of_an_exchange_and_key() {
+    fn broker_j_reaches_every_tail_of_an_exchange_and_key() {
         assert_eq!(
             read(BrokerKind::QpidBrokerJ, "amq.direct/globex.orders"),
-            ["amq.direct/globex.orders", "amq.direct", "globex.orders"]
+            ["amq.direct/globex.orders", "globex.orders"]
+        );
+        assert_eq!(
+            read(BrokerKind::QpidBrokerJ, "/queue/a/b"),
+            ["/queue/a/b", "queue/a/b", "a/b", "b"]
         );
     }
 

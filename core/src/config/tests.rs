@@ -308,6 +308,12 @@ fn tenants_cannot_share_an_address_under_another_spelling() {
             "{spelling}: {e}"
         );
     }
+    // Two queues spelt alike are still two queues.
+    let alike = one_broker
+        .replace("address = \"a.q\"", "address = \"/queue/a.q\"")
+        .replace("dead_letter = \"a.dlq\"", "dead_letter = \"/queue/a.dlq\"")
+        .replace("address = \"b.q\"", "address = \"/queue/b.q\"");
+    parse(&alike).expect("/queue/a.q and /queue/b.q are two queues");
 }
 
 #[test]
