@@ -49,15 +49,6 @@ impl AddressError {
     }
 }
 
-/// The kinds of broker whose readings [`names`] knows; an unknown broker
-/// gets all of them.
-const KNOWN: [BrokerKind; 4] = [
-    BrokerKind::Artemis,
-    BrokerKind::RabbitMq,
-    BrokerKind::ActiveMqClassic,
-    BrokerKind::QpidBrokerJ,
-];
-
 /// The names of the nodes (queues, addresses, exchanges, routing keys) that
 /// `address` may reach on a broker of `kind`, for checks against owners
 /// and grants. A broker of another kind gets the names every known broker
@@ -72,7 +63,7 @@ pub fn names(kind: BrokerKind, address: &str) -> Result<Vec<String>, AddressErro
         BrokerKind::QpidBrokerJ => Ok(qpid(address)),
         BrokerKind::Other => {
             let mut all = Vec::new();
-            for known in KNOWN {
+            for known in BrokerKind::KNOWN {
                 for name in names(known, address)? {
                     push_new(&mut all, &name);
                 }
@@ -356,7 +347,7 @@ mod tests {
 
     #[test]
     fn every_broker_refuses_what_no_name_holds() {
-        for kind in KNOWN.into_iter().chain([BrokerKind::Other]) {
+        for kind in BrokerKind::ALL {
             assert_eq!(names(kind, ""), Err(AddressError::Empty));
             assert_eq!(names(kind, "a\nb"), Err(AddressError::Control));
             let long = "a".repeat(MAX_ADDRESS_BYTES + 1);

@@ -64,6 +64,23 @@ impl BrokerKind {
 }
 
 impl BrokerKind {
+    /// The brokers wharf knows.
+    pub const KNOWN: [BrokerKind; 4] = [
+        BrokerKind::Artemis,
+        BrokerKind::RabbitMq,
+        BrokerKind::ActiveMqClassic,
+        BrokerKind::QpidBrokerJ,
+    ];
+
+    /// Every kind, `Other` last.
+    pub const ALL: [BrokerKind; 5] = [
+        BrokerKind::Artemis,
+        BrokerKind::RabbitMq,
+        BrokerKind::ActiveMqClassic,
+        BrokerKind::QpidBrokerJ,
+        BrokerKind::Other,
+    ];
+
     /// Which broker it is, by the `product` of its open properties.
     pub fn of_product(product: Option<&str>) -> BrokerKind {
         match product {

@@ -17,14 +17,6 @@ use wharf_core::grants::{
 };
 use wharf_core::text::{self, Untrusted};
 
-const KINDS: [BrokerKind; 5] = [
-    BrokerKind::Artemis,
-    BrokerKind::RabbitMq,
-    BrokerKind::ActiveMqClassic,
-    BrokerKind::QpidBrokerJ,
-    BrokerKind::Other,
-];
-
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let (Ok(pattern), Ok(address), Ok(host), Ok(port), Ok(raw_ip)) = (
@@ -53,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         ("b".to_owned(), vec![AddressPattern::new(host.clone())]),
     ]);
     let untrusted = Untrusted::new(address.clone());
-    for kind in KINDS {
+    for kind in BrokerKind::ALL {
         let read = address::names(kind, &address);
         let _ = address::pattern_names(kind, &address_pattern);
         let refused = owners.check_reply(kind, "a", &ReplyGrant::Any, &untrusted);

@@ -156,9 +156,20 @@ impl Client {
         address: &str,
         payload: Vec<u8>,
     ) -> anyhow::Result<Outcome> {
+        self.publish_raw_within(address, payload, DEADLINE).await
+    }
+
+    /// As [`Client::publish_raw`], waiting at most `within` for the answer:
+    /// some brokers never answer a message they cannot read.
+    pub async fn publish_raw_within(
+        &mut self,
+        address: &str,
+        payload: Vec<u8>,
+        within: std::time::Duration,
+    ) -> anyhow::Result<Outcome> {
         let sender = self.sender(address).await?;
         let answer = sender.send_payload_batchable(payload.into()).await?;
-        tokio::time::timeout(DEADLINE, answer)
+        tokio::time::timeout(within, answer)
             .await
             .with_context(|| format!("the broker did not answer a publish to {address}"))?
             .map_err(Into::into)

@@ -442,12 +442,7 @@ pub fn spellings(kind: BrokerKind, name: &str) -> Vec<String> {
         BrokerKind::Artemis => all.extend([format!("client::{name}"), format!("{name}::{name}")]),
         BrokerKind::QpidBrokerJ => all.extend([format!("amq.direct/{name}"), format!("/{name}")]),
         BrokerKind::Other => {
-            for known in [
-                BrokerKind::Artemis,
-                BrokerKind::RabbitMq,
-                BrokerKind::ActiveMqClassic,
-                BrokerKind::QpidBrokerJ,
-            ] {
+            for known in BrokerKind::KNOWN {
                 all.extend(spellings(known, name));
             }
         }

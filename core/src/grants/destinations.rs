@@ -258,14 +258,6 @@ mod tests {
         ])
     }
 
-    const KINDS: [BrokerKind; 5] = [
-        BrokerKind::Artemis,
-        BrokerKind::RabbitMq,
-        BrokerKind::ActiveMqClassic,
-        BrokerKind::QpidBrokerJ,
-        BrokerKind::Other,
-    ];
-
     fn reply(
         kind: BrokerKind,
         tenant: &str,
@@ -294,7 +286,7 @@ mod tests {
                 "{address}: {why:?}"
             );
         }
-        for kind in KINDS {
+        for kind in BrokerKind::ALL {
             assert_eq!(reply(kind, "acme", &any, "acme.replies.7"), Ok(()));
             assert_eq!(reply(kind, "acme", &any, "client-42"), Ok(()));
             assert_eq!(reply(kind, "globex", &any, "globex.orders"), Ok(()));
@@ -469,8 +461,8 @@ mod tests {
                 format!("/{name}"),
             ]),
             BrokerKind::Other => {
-                for known in &KINDS[..4] {
-                    all.extend(spellings(*known, name, mask));
+                for known in BrokerKind::KNOWN {
+                    all.extend(spellings(known, name, mask));
                 }
             }
         }
@@ -482,7 +474,7 @@ mod tests {
         fn no_spelling_of_another_tenants_address_is_allowed(
             owned in name(),
             mask in any::<u64>(),
-            kind in prop::sample::select(KINDS.to_vec()),
+            kind in prop::sample::select(BrokerKind::ALL.to_vec()),
         ) {
             prop_assume!(!owned.starts_with("client"));
             let owners = AddressOwners::new([
@@ -511,7 +503,7 @@ mod tests {
                 "activemq.management", "amq.direct", "amq.gen-1", "$sys.x",
             ]),
             mask in any::<u64>(),
-            kind in prop::sample::select(KINDS.to_vec()),
+            kind in prop::sample::select(BrokerKind::ALL.to_vec()),
         ) {
             let owners = AddressOwners::default();
             let all = ReplyGrant::To(vec![AddressPattern::new("*")]);
