@@ -177,6 +177,21 @@ impl Policy {
         }
     }
 
+    /// What becomes of a delivery that is to be retried no more: it goes
+    /// to the dead-letter address as it arrived, or is given up to the
+    /// broker's policy.
+    pub fn at_limit(&self) -> Plan {
+        if self.dead_letter {
+            Plan::PublishThenSettle {
+                publish: Publish::DeadLetter,
+                then: Disposition::Accepted,
+                otherwise: self.keep(),
+            }
+        } else {
+            self.give_up()
+        }
+    }
+
     /// What hands a delivery back to the broker when what the host owed
     /// before settling it could not be published.
     pub fn keep(&self) -> Disposition {
@@ -303,6 +318,11 @@ pub enum Published {
         /// Why.
         reason: String,
     },
+    /// It could not be made: no attempt will ever make it.
+    Unbuildable {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Published {
@@ -312,7 +332,8 @@ impl Published {
             Published::Accepted => None,
             Published::Refused { reason }
             | Published::NotSent { reason }
-            | Published::Unknown { reason } => Some(reason),
+            | Published::Unknown { reason }
+            | Published::Unbuildable { reason } => Some(reason),
         }
     }
 }
@@ -329,6 +350,14 @@ pub enum AfterPublish {
         /// Why the outputs were not delivered.
         reason: String,
     },
+    /// The copy a retry owed can never be made: handing the delivery back
+    /// would bring it back to the same copy, forever. Give it up as at its
+    /// limit ([`Policy::at_limit`]): to the dead-letter address as it
+    /// arrived, or to the broker's policy.
+    GiveUp {
+        /// Why the copy could not be made.
+        reason: String,
+    },
 }
 
 /// What becomes of a delivery whose plan published something, given what
@@ -340,6 +369,7 @@ pub enum AfterPublish {
 /// - an `ack`'s outputs of unknown fate: handed back to the broker (which
 ///   counts it) rather than counted by the host, since the broker may hold
 ///   them and a dead letter would then be wrong;
+/// - a copy that can never be made: given up as at its limit;
 /// - a copy or dead letter not accepted, whatever the reason: handed back,
 ///   so the delivery is never lost.
 pub fn after_publish(plan: &Plan, published: &Published) -> AfterPublish {
@@ -352,11 +382,17 @@ pub fn after_publish(plan: &Plan, published: &Published) -> AfterPublish {
             otherwise,
         } => match (published, publish) {
             (Published::Accepted, _) => AfterPublish::Settle(Some(then)),
-            (Published::Refused { reason } | Published::NotSent { reason }, Publish::Outputs) => {
-                AfterPublish::Retry {
-                    reason: reason.clone(),
-                }
-            }
+            (
+                Published::Refused { reason }
+                | Published::NotSent { reason }
+                | Published::Unbuildable { reason },
+                Publish::Outputs,
+            ) => AfterPublish::Retry {
+                reason: reason.clone(),
+            },
+            (Published::Unbuildable { reason }, Publish::Copy { .. }) => AfterPublish::GiveUp {
+                reason: reason.clone(),
+            },
             _ => AfterPublish::Settle(Some(otherwise)),
         },
     }
@@ -384,11 +420,7 @@ fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan
         otherwise: keep,
     };
     if stops_retrying(policy, counters) {
-        return if policy.dead_letter {
-            publish_then(Publish::DeadLetter, Disposition::Accepted)
-        } else {
-            policy.give_up()
-        };
+        return policy.at_limit();
     }
     match delay {
         Some(delay) => publish_then(

@@ -946,3 +946,54 @@ async fn log_lines_stay_bounded_whatever_the_publisher_writes() -> anyhow::Resul
     client.close().await;
     Ok(())
 }
+
+/// A retry whose copy can never be made (sections named by symbol, which
+/// the copy cannot edit in place, around a body the encoder cannot write
+/// back) is given up as at its limit: dead-lettered as it arrived, not
+/// handed back to fail again forever.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_whose_copy_cannot_be_made_is_dead_lettered() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let q = unique("uncopyable");
+    let dead = format!("{q}.dlq");
+    let mount = MountToml::new("m", "fixture_script", &q)
+        .with("retry = \"copy\"")
+        .with("max_attempts = 5")
+        .with(&format!("dead_letter = \"{dead}\""));
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let mut client = Client::connect(&url).await?;
+    let id = unique("uncopyable");
+    let named = |name: &str, value: Vec<u8>| [vec![0x00], hostile::symbol(name), value].concat();
+    let body = named("amqp:amqp-value:*", hostile::empty_lists(2));
+    let payload = [
+        properties(&id)?,
+        named(
+            "amqp:application-properties:map",
+            hostile::map(&[(hostile::string("script"), hostile::string("*:retry"))]),
+        ),
+        body.clone(),
+    ]
+    .concat();
+    assert!(
+        publish(&mut client, &q, payload).await,
+        "Artemis refused it"
+    );
+    let handled = host.handled(&id).await?;
+    assert_eq!(handled.attempt, 1, "{handled:?}");
+    assert!(ends(&handled), "{handled:?}");
+    assert!(
+        matches!(
+            handled.instead.map(|p| p.publish()),
+            Some(Some(Publish::DeadLetter))
+        ),
+        "{handled:?}"
+    );
+    let mut letters = client.watch_raw(&dead).await?;
+    let letter = letters.next().await?;
+    assert!(letter.ends_with(&body), "the dead letter's body changed");
+    letters.close().await;
+    println!("a retry whose copy cannot be made was dead-lettered at its first attempt");
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

@@ -603,6 +603,56 @@ mod after_publish_vectors {
     }
 
     #[test]
+    fn a_copy_that_cannot_be_made_gives_the_delivery_up() {
+        let unbuildable = Published::Unbuildable {
+            reason: "cannot encode it".to_owned(),
+        };
+        let plan = publish_then(
+            copy_of(1, Duration::ZERO),
+            Disposition::Accepted,
+            Disposition::Modified,
+        );
+        assert_eq!(
+            after_publish(&plan, &unbuildable),
+            AfterPublish::GiveUp {
+                reason: "cannot encode it".to_owned()
+            }
+        );
+        // Outputs that cannot be made are a failed attempt; a dead letter
+        // (the delivery as it arrived) that cannot be made is kept.
+        let outputs = outputs_then_accept(Disposition::Modified);
+        assert_eq!(
+            after_publish(&outputs, &unbuildable),
+            retry("cannot encode it")
+        );
+        let dead = publish_then(
+            Publish::DeadLetter,
+            Disposition::Accepted,
+            Disposition::Modified,
+        );
+        assert_eq!(
+            after_publish(&dead, &unbuildable),
+            settle(Disposition::Modified)
+        );
+    }
+
+    #[test]
+    fn a_delivery_given_up_goes_to_its_dead_letter_address_or_the_brokers_policy() {
+        assert_eq!(
+            policy(ALO, None, true).at_limit(),
+            publish_then(
+                Publish::DeadLetter,
+                Disposition::Accepted,
+                Disposition::Modified
+            )
+        );
+        assert_eq!(
+            policy(ALO, None, false).at_limit(),
+            Plan::Settle(Disposition::Rejected)
+        );
+    }
+
+    #[test]
     fn a_retry_after_original_is_settled_as_the_mount_says_once_its_copy_is_in() {
         let plan = publish_then(
             copy_of(1, Duration::from_secs(2)),
@@ -647,14 +697,20 @@ mod after_publish_vectors {
                     path: DelayPath::Scheduled,
                 }),
             ],
-            answer in 0usize..4,
+            answer in 0usize..5,
         ) {
             let plan = publish_then(publish, then, keep);
-            let answer = [Published::Accepted, refused(), not_sent(), unknown()][answer].clone();
+            let unbuildable = Published::Unbuildable { reason: "x".to_owned() };
+            let answer = [Published::Accepted, refused(), not_sent(), unknown(), unbuildable][answer].clone();
             let next = after_publish(&plan, &answer);
             match (&answer, &next) {
                 (Published::Accepted, AfterPublish::Settle(d)) => prop_assert_eq!(*d, Some(then)),
                 (_, AfterPublish::Retry { .. }) => prop_assert_eq!(publish, Publish::Outputs),
+                (Published::Unbuildable { .. }, AfterPublish::GiveUp { .. }) => {
+                    let copy = matches!(publish, Publish::Copy { .. });
+                    prop_assert!(copy, "gave up on {:?}", publish);
+                }
+                (_, AfterPublish::GiveUp { .. }) => prop_assert!(false, "gave up on {:?}", answer),
                 (_, AfterPublish::Settle(d)) => prop_assert_eq!(*d, Some(keep)),
             }
         }

@@ -98,20 +98,34 @@ pub(super) async fn carry_out(
     flush: &CancellationToken,
 ) -> Settled {
     let first = carry_out_plan(context, settler, arrived, plan, outputs, flush, None).await;
-    let Step::Retry(reason) = first else {
-        return first.settled();
-    };
-    // The ack's outputs cannot be delivered: the attempt failed. A retry's
-    // plan publishes no outputs, so this happens once at most.
-    let instead = settlement::plan(&context.policy(), &arrived.counters, Outcome::Retry);
     let tags = &context.spec.tags;
-    tracing::warn!(
-        tenant = &*tags.tenant,
-        mount = &*tags.mount,
-        "the handler acknowledged, but its outputs were not delivered ({reason}): a failed attempt"
-    );
-    context.spec.metrics.outputs_undeliverable();
-    let retried = carry_out_plan(
+    let (instead, reason) = match first {
+        Step::Done(settled) => return settled,
+        // The ack's outputs cannot be delivered: the attempt failed. A
+        // retry's plan publishes no outputs, so this happens once at most.
+        Step::Retry(reason) => {
+            tracing::warn!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                "the handler acknowledged, but its outputs were not delivered ({reason}): a failed attempt"
+            );
+            context.spec.metrics.outputs_undeliverable();
+            let policy = context.policy();
+            let instead = settlement::plan(&policy, &arrived.counters, Outcome::Retry);
+            (instead, reason)
+        }
+        // Its copy can never be made: given up as at its limit, whose
+        // plan publishes no copy.
+        Step::GiveUp(reason) => {
+            tracing::warn!(
+                tenant = &*tags.tenant,
+                mount = &*tags.mount,
+                "the retry's copy cannot be made ({reason}): the delivery is given up as at its limit"
+            );
+            (context.policy().at_limit(), reason)
+        }
+    };
+    let again = carry_out_plan(
         context,
         settler,
         arrived,
@@ -121,7 +135,7 @@ pub(super) async fn carry_out(
         Some(&reason),
     )
     .await;
-    let mut settled = retried.settled();
+    let mut settled = again.settled();
     settled.instead = Some(instead);
     settled.error = Some(match settled.error {
         Some(error) => format!("{reason}; then {error}"),
@@ -135,13 +149,15 @@ enum Step {
     Done(Settled),
     /// The outputs of an ack were not delivered, for this reason.
     Retry(String),
+    /// The copy a retry owed cannot be made, for this reason.
+    GiveUp(String),
 }
 
 impl Step {
     fn settled(self) -> Settled {
         match self {
             Step::Done(settled) => settled,
-            Step::Retry(reason) => Settled {
+            Step::Retry(reason) | Step::GiveUp(reason) => Settled {
                 disposition: None,
                 instead: None,
                 error: Some(reason),
@@ -209,6 +225,7 @@ async fn carry_out_plan(
     let error = published.failure().map(str::to_owned);
     match settlement::after_publish(&plan, &published) {
         AfterPublish::Retry { reason } => Step::Retry(reason),
+        AfterPublish::GiveUp { reason } => Step::GiveUp(reason),
         AfterPublish::Settle(disposition) if published == Published::Accepted => {
             context.spec.publish_backoff_reset();
             if committed_with_acceptance {
@@ -353,7 +370,7 @@ fn published(result: Result<(), BrokerError>) -> Published {
 }
 
 fn not_encoded(error: &message::DecodeFailure) -> Published {
-    Published::Refused {
+    Published::Unbuildable {
         reason: format!("cannot encode it: {error}"),
     }
 }
@@ -426,6 +443,7 @@ fn sent(span: Option<Span>, published: &Published) {
         let kind = match published {
             Published::Refused { .. } => "refused",
             Published::NotSent { .. } => "not_sent",
+            Published::Unbuildable { .. } => "unbuildable",
             _ => "unknown",
         };
         span.fail(kind, failure);
@@ -492,7 +510,7 @@ async fn publish_outputs(
         .metrics
         .outputs_published(outputs.len() - failed, failed);
     let rank = |p: &Published| match p {
-        Published::Refused { .. } => 0,
+        Published::Unbuildable { .. } | Published::Refused { .. } => 0,
         Published::NotSent { .. } => 1,
         Published::Unknown { .. } => 2,
         Published::Accepted => 3,
