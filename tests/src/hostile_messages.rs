@@ -215,7 +215,13 @@ pub fn message(rng: &mut Rng, seed: u64, n: usize, through: &Through) -> Hostile
                 0 => m.property(string("x-ruststream-retry-count"), string("99")),
                 1 => m.property(string("x-ruststream-retry-count"), ulong(u64::MAX)),
                 2 => m.property(string("x-wharf-retry-seal"), string(&"f".repeat(5_000))),
-                3 => m.property(string("_AMQ_DUPL_ID"), binary(&[1; 3_000])),
+                3 => {
+                    // Unique: Artemis drops a second message with the same
+                    // id on the address, as it should.
+                    let mut id = m.id.clone().into_bytes();
+                    id.resize(3_000, 1);
+                    m.property(string("_AMQ_DUPL_ID"), binary(&id));
+                }
                 4 => m.property(string("traceparent"), string(&"0".repeat(10_000))),
                 5 => m.annotation(
                     "x-opt-wharf-dead-letter-reason",

@@ -174,6 +174,29 @@ impl Reader<'_> {
         }
     }
 
+    /// Skips a value of `layout` whose constructor was read, by the sizes
+    /// its encoding gives, reading nothing inside it.
+    fn skip(&mut self, layout: Layout) -> Option<()> {
+        match layout {
+            Layout::Fixed(width) => {
+                self.take(width).ok()?;
+            }
+            Layout::Variable(width) | Layout::Compound(width, _) | Layout::Array(width) => {
+                let len = self.length(width).ok()?;
+                self.take(len).ok()?;
+            }
+            Layout::Described => return None,
+        }
+        Some(())
+    }
+
+    /// Skips a descriptor: a primitive value (a descriptor is never itself
+    /// described).
+    fn skip_descriptor(&mut self) -> Option<()> {
+        let layout = self.constructor().ok()?;
+        self.skip(layout)
+    }
+
     fn length(&mut self, width: usize) -> Result<usize, Unreadable> {
         let n = self.number(width)?;
         usize::try_from(n).map_err(|_| self.malformed("a length beyond this machine"))
@@ -333,10 +356,10 @@ pub fn measure(payload: &[u8], limits: ValueLimits) -> Result<Measured, Unreadab
 }
 
 /// The top-level values of `payload`, each a message section, with their
-/// descriptor codes, found from the sizes their encodings give: nothing
-/// inside a section is read, so this works on a payload of any depth.
-/// `None` when the payload is not a sequence of described sections with
-/// numeric descriptors.
+/// descriptor codes (a section named by its symbol, by the code of that
+/// name), found from the sizes their encodings give: nothing inside a
+/// section is read, so this works on a payload of any depth. `None` when
+/// the payload is not a sequence of described sections.
 pub fn sections(payload: &[u8]) -> Option<Vec<(u64, Range<usize>)>> {
     let mut reader = Reader {
         bytes: payload,
@@ -351,17 +374,27 @@ pub fn sections(payload: &[u8]) -> Option<Vec<(u64, Range<usize>)>> {
         let code = match reader.take(1).ok()?[0] {
             0x53 => u64::from(reader.take(1).ok()?[0]),
             0x80 => reader.number(8).ok()?,
+            // A section named by its symbol.
+            0xa3 => {
+                let len = reader.length(1).ok()?;
+                super::sections::code_of_name(reader.take(len).ok()?)?
+            }
+            0xb3 => {
+                let len = reader.length(4).ok()?;
+                super::sections::code_of_name(reader.take(len).ok()?)?
+            }
             _ => return None,
         };
-        match reader.constructor().ok()? {
-            Layout::Fixed(width) => {
-                reader.take(width).ok()?;
+        // The section's value, itself perhaps described (an `amqp-value`
+        // holding a described value): each descriptor is skipped in turn.
+        loop {
+            match reader.constructor().ok()? {
+                Layout::Described => reader.skip_descriptor()?,
+                layout => {
+                    reader.skip(layout)?;
+                    break;
+                }
             }
-            Layout::Variable(width) | Layout::Compound(width, _) | Layout::Array(width) => {
-                let len = reader.length(width).ok()?;
-                reader.take(len).ok()?;
-            }
-            Layout::Described => return None,
         }
         found.push((code, start..reader.at));
     }
@@ -459,6 +492,24 @@ mod tests {
             check(&payload, ValueLimits::DEFAULT),
             Err(Unreadable::Malformed { .. })
         ));
+    }
+
+    /// Found by the hostile publisher: an `amqp-value` holding a
+    /// described value, whose message-id must still be found.
+    #[test]
+    fn a_section_holding_a_described_value_is_found() {
+        let mut payload = vec![0x00, 0x53, 0x73, 0x45];
+        let start = payload.len();
+        payload.extend_from_slice(&[0x00, 0x53, 0x77, 0x00, 0xa3, 0x01, b'x', 0x40]);
+        assert_eq!(
+            sections(&payload),
+            Some(vec![(0x73, 0..start), (0x77, start..payload.len())])
+        );
+        // And one named by its symbol.
+        let mut named = vec![0x00, 0xa3, 17];
+        named.extend_from_slice(b"amqp:amqp-value:*");
+        named.extend_from_slice(&[0xa1, 0x01, b'x']);
+        assert_eq!(sections(&named), Some(vec![(0x77, 0..named.len())]));
     }
 
     #[test]

@@ -172,6 +172,11 @@ fn section_code(bytes: &[u8]) -> Option<u64> {
         }
         _ => return None,
     };
+    code_of_name(name)
+}
+
+/// The code of a section by its symbolic name.
+pub(super) fn code_of_name(name: &[u8]) -> Option<u64> {
     NAMES
         .iter()
         .find(|(known, _)| known.as_bytes() == name)
