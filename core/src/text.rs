@@ -186,21 +186,6 @@ pub fn bounded(mut text: String, max: usize) -> String {
     text
 }
 
-/// Bytes from the wire as text to show: valid UTF-8 as itself, anything
-/// else as lowercase hex, both through [`shown`] when rendered.
-pub fn lossless(bytes: &[u8]) -> Untrusted {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => Untrusted::new(text),
-        Err(_) => Untrusted::new(bytes.iter().fold(
-            String::with_capacity(bytes.len() * 2),
-            |mut hex, b| {
-                let _ = write!(hex, "{b:02x}");
-                hex
-            },
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,11 +233,5 @@ mod tests {
         assert!(cut.len() <= 100 + 2, "{}", cut.len());
         assert!(cut.ends_with("bytes)"));
         assert_eq!(bounded("short".to_owned(), 100), "short");
-    }
-
-    #[test]
-    fn bytes_that_are_not_text_are_shown_as_hex() {
-        assert_eq!(lossless(b"id-1").to_string(), "id-1");
-        assert_eq!(lossless(&[0xff, 0x00]).to_string(), "ff00");
     }
 }

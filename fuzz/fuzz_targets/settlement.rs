@@ -42,10 +42,11 @@ fn input(u: &mut Unstructured<'_>) -> arbitrary::Result<(Policy, Counters, Outco
         _ => Outcome::Drop,
     };
     let reason = String::arbitrary(u)?;
-    let published = match u.int_in_range(0..=3)? {
+    let published = match u.int_in_range(0..=4)? {
         0 => Published::Accepted,
         1 => Published::Refused { reason },
         2 => Published::NotSent { reason },
+        3 => Published::Unbuildable { reason },
         _ => Published::Unknown { reason },
     };
     Ok((policy, counters, outcome, published))
@@ -92,6 +93,14 @@ fuzz_target!(|data: &[u8]| {
         match (&published, &next) {
             (Published::Accepted, AfterPublish::Settle(d)) => assert_eq!(*d, Some(then)),
             (_, AfterPublish::Retry { .. }) => assert_eq!(publish, Publish::Outputs),
+            // Only a copy that can never be made is given up on.
+            (Published::Unbuildable { .. }, AfterPublish::GiveUp { .. }) => {
+                assert!(
+                    matches!(publish, Publish::Copy { .. }),
+                    "gave up on {publish:?}"
+                )
+            }
+            (_, AfterPublish::GiveUp { .. }) => panic!("gave up on {published:?}"),
             (_, AfterPublish::Settle(d)) => assert_eq!(*d, Some(otherwise)),
         }
         // The plan made again for a failed ack never publishes outputs.
