@@ -92,3 +92,53 @@ impl BrokerKind {
         }
     }
 }
+
+/// What kind of queue a RabbitMQ 4 address consumes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueKind {
+    /// Counts nothing: a redelivered message looks like a first one.
+    Classic,
+    /// Counts deliveries (`x-delivery-count`) and dead-letters on its own
+    /// at its delivery limit.
+    Quorum {
+        /// The queue's `x-delivery-limit` argument, if declared with one
+        /// (policies may set another, which this does not see).
+        delivery_limit: Option<u64>,
+    },
+    /// An append-only log: nothing can be put back.
+    Stream,
+    /// A type this version of wharf does not know.
+    Other(String),
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueKind::Classic => f.write_str("classic"),
+            QueueKind::Quorum {
+                delivery_limit: Some(limit),
+            } => write!(f, "quorum (delivery limit {limit})"),
+            QueueKind::Quorum {
+                delivery_limit: None,
+            } => f.write_str("quorum"),
+            QueueKind::Stream => f.write_str("stream"),
+            QueueKind::Other(kind) => write!(f, "{kind}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broker_is_known_by_its_product() {
+        let kind = |product: &str| BrokerKind::of_product(Some(product));
+        assert_eq!(kind("apache-activemq-artemis"), BrokerKind::Artemis);
+        assert_eq!(kind("RabbitMQ"), BrokerKind::RabbitMq);
+        assert_eq!(kind("ActiveMQ"), BrokerKind::ActiveMqClassic);
+        assert_eq!(kind("Apache Qpid Broker-J Core"), BrokerKind::QpidBrokerJ);
+        assert_eq!(kind("SolaceMessageBroker"), BrokerKind::Other);
+        assert_eq!(BrokerKind::of_product(None), BrokerKind::Other);
+    }
+}

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use crate::config::Settle;
 
+mod brokers;
+pub use brokers::{LinkOffers, outputs_in_transactions, policy_for};
+
 /// The application property that counts the host's retry copies.
 pub const RETRY_COUNT_PROPERTY: &str = "x-ruststream-retry-count";
 
@@ -166,15 +169,25 @@ impl Policy {
     /// `rejected`, or where the broker would only put it back, the mount's
     /// dead-letter address or nothing.
     fn give_up(&self) -> Plan {
-        match (self.rejected_requeues, self.dead_letter) {
-            (false, _) => Plan::Settle(Disposition::Rejected),
-            (true, true) => Plan::PublishThenSettle {
+        if self.rejected_requeues && self.dead_letter {
+            Plan::PublishThenSettle {
                 publish: Publish::DeadLetter,
                 then: Disposition::Accepted,
                 otherwise: self.keep(),
-            },
-            (true, false) => Plan::Settle(Disposition::Accepted),
+            }
+        } else {
+            self.give_up_unread()
         }
+    }
+
+    /// What gives up a delivery the host holds none of (discarded unread):
+    /// `rejected`, or where the broker would only put it back, `accepted`.
+    fn give_up_unread(&self) -> Plan {
+        Plan::Settle(if self.rejected_requeues {
+            Disposition::Accepted
+        } else {
+            Disposition::Rejected
+        })
     }
 
     /// What becomes of a delivery that is to be retried no more: it goes
@@ -343,19 +356,12 @@ impl Published {
 pub enum AfterPublish {
     /// Send this disposition (or, at most once, nothing more).
     Settle(Option<Disposition>),
-    /// The handler's `ack` cannot stand: its outputs can never be
-    /// delivered. Plan the delivery again as a failed attempt (`retry`), so
-    /// `max_attempts` and the dead-letter address apply, with this reason.
-    Retry {
-        /// Why the outputs were not delivered.
-        reason: String,
-    },
-    /// The copy a retry owed can never be made: handing the delivery back
-    /// would bring it back to the same copy, forever. Give it up as at its
-    /// limit ([`Policy::at_limit`]): to the dead-letter address as it
-    /// arrived, or to the broker's policy.
-    GiveUp {
-        /// Why the copy could not be made.
+    /// The plan cannot stand: carry out this one instead, which publishes
+    /// neither outputs nor a copy, so it is replaced once at most.
+    Instead {
+        /// The plan to carry out.
+        plan: Plan,
+        /// Why the first one could not stand.
         reason: String,
     },
 }
@@ -365,14 +371,27 @@ pub enum AfterPublish {
 /// its handler returned:
 ///
 /// - accepted: the plan's own disposition;
-/// - an `ack`'s outputs refused, or never sent: a failed attempt;
+/// - an `ack`'s outputs refused, never sent or never made: the handler's
+///   `ack` cannot stand; the delivery is planned again as a failed attempt
+///   (`retry`), so `max_attempts` and the dead-letter address apply;
 /// - an `ack`'s outputs of unknown fate: handed back to the broker (which
 ///   counts it) rather than counted by the host, since the broker may hold
 ///   them and a dead letter would then be wrong;
-/// - a copy that can never be made: given up as at its limit;
+/// - a copy that can never be made: handing the delivery back would bring
+///   it back to the same copy, forever; it is given up as at its limit
+///   ([`Policy::at_limit`]);
 /// - a copy or dead letter not accepted, whatever the reason: handed back,
 ///   so the delivery is never lost.
-pub fn after_publish(plan: &Plan, published: &Published) -> AfterPublish {
+pub fn after_publish(
+    policy: &Policy,
+    counters: &Counters,
+    plan: &Plan,
+    published: &Published,
+) -> AfterPublish {
+    let instead = |plan, reason: &str| AfterPublish::Instead {
+        plan,
+        reason: reason.to_owned(),
+    };
     match *plan {
         Plan::Settle(disposition) => AfterPublish::Settle(Some(disposition)),
         Plan::Presettled { .. } => AfterPublish::Settle(None),
@@ -387,13 +406,46 @@ pub fn after_publish(plan: &Plan, published: &Published) -> AfterPublish {
                 | Published::NotSent { reason }
                 | Published::Unbuildable { reason },
                 Publish::Outputs,
-            ) => AfterPublish::Retry {
-                reason: reason.clone(),
-            },
-            (Published::Unbuildable { reason }, Publish::Copy { .. }) => AfterPublish::GiveUp {
-                reason: reason.clone(),
-            },
+            ) => instead(
+                crate::settlement::plan(policy, counters, Outcome::Retry),
+                reason,
+            ),
+            (Published::Unbuildable { reason }, Publish::Copy { .. }) => {
+                instead(policy.at_limit(), reason)
+            }
             _ => AfterPublish::Settle(Some(otherwise)),
+        },
+    }
+}
+
+/// Why the host settles a delivery without running its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unhandled {
+    /// It is not a readable AMQP message, or nests too deep or holds too
+    /// many values to be read: its bytes are at hand.
+    Unreadable,
+    /// It is over the mount's `max_message_size`: discarded unread, the host
+    /// holds nothing of it.
+    Oversized,
+}
+
+/// Decides what to do with a delivery no handler sees. An unreadable one
+/// is at its limit at once: to the dead-letter address as it arrived, or
+/// given up to the broker. An oversized one, of which nothing can be
+/// published, is given up to the broker (`rejected`; `accepted`, gone,
+/// where the broker would put a rejected one back). At most once, only
+/// the dead letter can act.
+pub fn plan_unhandled(policy: &Policy, unhandled: Unhandled) -> Plan {
+    match (policy.settle, unhandled) {
+        (Settle::AtLeastOnce, Unhandled::Unreadable) => policy.at_limit(),
+        (Settle::AtLeastOnce, Unhandled::Oversized) => policy.give_up_unread(),
+        (Settle::AtMostOnce, Unhandled::Unreadable) => Plan::Presettled {
+            publish: policy.dead_letter.then_some(Publish::DeadLetter),
+            unsupported: false,
+        },
+        (Settle::AtMostOnce, Unhandled::Oversized) => Plan::Presettled {
+            publish: None,
+            unsupported: false,
         },
     }
 }

@@ -2,7 +2,8 @@
 //! Invariants: a delivery is never settled as done unless what it owed was
 //! accepted; a failed attempt never ends without a publish or a disposition
 //! the broker keeps it by, except at the limit without a dead-letter
-//! address (then `rejected`, the broker's policy decides).
+//! address (then `rejected`, the broker's policy decides); a delivery no
+//! handler sees never comes back.
 
 #![no_main]
 
@@ -13,7 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use wharf_core::config::Settle;
 use wharf_core::settlement::{
     AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Policy, Publish, Published,
-    RetryPath, after_publish, plan,
+    RetryPath, Unhandled, after_publish, plan, plan_unhandled,
 };
 
 fn pick<T: Copy>(u: &mut Unstructured<'_>, of: &[T]) -> arbitrary::Result<T> {
@@ -83,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
             _ => {}
         }
     }
-    let next = after_publish(&planned, &published);
+    let next = after_publish(&policy, &counters, &planned, &published);
     if let Plan::PublishThenSettle {
         publish,
         then,
@@ -92,21 +93,32 @@ fuzz_target!(|data: &[u8]| {
     {
         match (&published, &next) {
             (Published::Accepted, AfterPublish::Settle(d)) => assert_eq!(*d, Some(then)),
-            (_, AfterPublish::Retry { .. }) => assert_eq!(publish, Publish::Outputs),
-            // Only a copy that can never be made is given up on.
-            (Published::Unbuildable { .. }, AfterPublish::GiveUp { .. }) => {
+            // A failed ack's outputs: a failed attempt, which publishes none.
+            (_, AfterPublish::Instead { plan: instead, .. }) if publish == Publish::Outputs => {
+                assert_eq!(*instead, plan(&policy, &counters, Outcome::Retry));
+                assert_ne!(instead.publish(), Some(Publish::Outputs));
+            }
+            // A copy that can never be made: at the limit, which copies nothing.
+            (Published::Unbuildable { .. }, AfterPublish::Instead { plan: instead, .. }) => {
                 assert!(
                     matches!(publish, Publish::Copy { .. }),
-                    "gave up on {publish:?}"
-                )
+                    "replaced {publish:?}"
+                );
+                assert_eq!(*instead, policy.at_limit());
             }
-            (_, AfterPublish::GiveUp { .. }) => panic!("gave up on {published:?}"),
+            (_, AfterPublish::Instead { .. }) => panic!("replaced on {published:?}"),
             (_, AfterPublish::Settle(d)) => assert_eq!(*d, Some(otherwise)),
         }
-        // The plan made again for a failed ack never publishes outputs.
-        if let AfterPublish::Retry { .. } = next {
-            let again = plan(&policy, &counters, Outcome::Retry);
-            assert_ne!(again.publish(), Some(Publish::Outputs));
+    }
+    // A delivery no handler sees is never retried and never comes back.
+    for unhandled in [Unhandled::Unreadable, Unhandled::Oversized] {
+        let given_up = plan_unhandled(&policy, unhandled);
+        assert!(!matches!(
+            given_up.publish(),
+            Some(Publish::Copy { .. } | Publish::Outputs)
+        ));
+        if let Plan::Settle(d) = given_up {
+            assert_eq!(d == Disposition::Rejected, !policy.rejected_requeues);
         }
     }
 });

@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use wharf::Host;
-use wharf::broker::{BrokerKind, BrokerOffers, ConnectOptions, Endpoint, LinkOffers, ProbeTarget};
-use wharf::config::{
+use wharf::broker::{BrokerOffers, ConnectOptions, ProbeTarget};
+use wharf_core::brokers::BrokerKind;
+use wharf_core::config::{
     Broker, Config, DelayChoice, Mount, OutputsChoice, RetryChoice, Settle, Tenant,
 };
-use wharf::grants::ReplyGrant;
-use wharf::settlement::{DelayPath, RetryPath};
+use wharf_core::endpoint::Endpoint;
+use wharf_core::grants::ReplyGrant;
+use wharf_core::settlement::{DelayPath, RetryPath};
+use wharf_core::settlement::{LinkOffers, outputs_in_transactions, policy_for};
 
 /// Loads the config and every module; prints a line per mount (the long
 /// explanation with `verbose`); with `connect`, tries every broker and
@@ -171,7 +174,7 @@ fn explain(tenant: &Tenant, mount: &Mount) -> String {
 /// reason where the broker's kind decides.
 fn chosen(mount: &Mount, offers: &BrokerOffers, links: LinkOffers) -> String {
     let kind = offers.kind();
-    let policy = wharf::broker::policy_for(mount, kind, links, None);
+    let policy = policy_for(mount, kind, links, None);
     let retry = match policy.retry {
         _ if mount.retry.is_none() && kind == BrokerKind::RabbitMq && links.modified_supported => {
             "`modified` on a quorum queue, else copies (its kind is asked at attach)"
@@ -194,7 +197,7 @@ fn chosen(mount: &Mount, offers: &BrokerOffers, links: LinkOffers) -> String {
     } else {
         ""
     };
-    let outputs = if wharf::broker::outputs_in_transactions(mount, kind) {
+    let outputs = if outputs_in_transactions(mount, kind) {
         "; outputs in transactions"
     } else {
         ""
@@ -228,7 +231,7 @@ async fn connect_all(config: &Config) -> anyhow::Result<()> {
             .iter()
             .map(|(_, m)| ProbeTarget {
                 address: &m.address,
-                capability: m.node.map(wharf::config::Node::capability),
+                capability: m.node.map(wharf_core::config::Node::capability),
                 topic: m.subscription.is_some(),
             })
             .collect();
@@ -247,7 +250,7 @@ async fn connect_all(config: &Config) -> anyhow::Result<()> {
                     .collect()
             }
             Err(e) => {
-                let why = wharf::words::with_causes(&e);
+                let why = wharf_core::words::with_causes(&e);
                 mounts.iter().map(|_| Err(why.clone())).collect()
             }
         };

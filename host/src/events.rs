@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::management::QueueKind;
-use crate::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, RetryPath};
+use wharf_core::brokers::QueueKind;
+use wharf_core::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, RetryPath};
 
 /// Where a mount's links stand.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! wharf: runs WebAssembly component handlers on AMQP 1.0 deliveries.
 //!
 //! The pieces, each knowing as little of the others as it can:
-//! - [`config`], [`settlement`], [`grants`], [`backoff`]: from
-//!   [`wharf_core`], which decides without sockets or wasm;
+//! - [`wharf_core`] (config, settlement, grants, messages, addresses):
+//!   what decides without sockets or wasm, used by its own paths;
 //! - [`sandbox`]: the wasm engine, modules and limits;
 //! - [`broker`]: AMQP connections, links and publishing;
 //! - [`tenants`]: mounts at work, joining the three above;
@@ -19,9 +19,8 @@ pub mod broker;
 pub mod events;
 pub mod logging;
 pub mod sandbox;
-pub mod settlement;
+mod sync;
 pub mod telemetry;
 pub mod tenants;
 
 pub use tenants::{Host, HostError, RunningHost};
-pub use wharf_core::{address, backoff, brokers, config, grants, sampler, text, trace, words};

@@ -13,10 +13,11 @@ use tracing_subscriber::EnvFilter;
 mod check;
 use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
-use wharf::broker::{ConnectOptions, Endpoint, SendOptions};
-use wharf::config::{Broker, Config, SaslMechanism};
-use wharf::grants::ReplyGrant;
-use wharf::sandbox::{AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits};
+use wharf::broker::{ConnectOptions, SendOptions};
+use wharf_core::config::{Broker, Config, SaslMechanism};
+use wharf_core::endpoint::Endpoint;
+use wharf_core::grants::ReplyGrant;
+use wharf_core::grants::{AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits};
 
 #[derive(Parser)]
 #[command(
@@ -202,7 +203,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // Once: as a log line where logs are read by machines, else as
             // the command's last words.
-            let message = wharf::words::chain(e.chain());
+            let message = wharf_core::words::chain(e.chain());
             match log_format {
                 LogFormat::Json => tracing::error!("{message}"),
                 LogFormat::Text => {
@@ -376,7 +377,7 @@ async fn unsubscribe(config: &Config, tenant: &str, mount: &str) -> anyhow::Resu
         format!("tenant `{tenant}`, mount `{mount}` is not a topic mount (`node = \"topic\"`): it has no subscription")
     })?;
     anyhow::ensure!(
-        subscription.kind != wharf::config::SubscriptionKind::Volatile,
+        subscription.kind != wharf_core::config::SubscriptionKind::Volatile,
         "tenant `{tenant}`, mount `{mount}` has a volatile subscription: it ends with its link, there is nothing to end"
     );
     let broker = owner.broker.as_ref().unwrap_or(&config.broker);
@@ -465,32 +466,38 @@ fn describe(outcome: wharf::sandbox::Outcome) -> String {
 }
 
 /// One output as `wharf invoke` prints it: where it goes, its ids, and its
-/// body as text.
+/// body as text, all escaped (the module chose them) and the body cut at
+/// [`SHOWN_BODY_BYTES`].
 fn describe_output(output: &wharf::sandbox::Outgoing) -> String {
+    use wharf_core::message::PropertyValue as Value;
+    use wharf_core::text::{shown, shown_up_to};
     let message = &output.message;
     let mut line = format!("output to `{}`", output.address);
     if let Some(id) = &message.correlation_id {
-        line += &format!(" correlation-id={id}");
+        line += &format!(" correlation-id={}", shown(id));
     }
     if let Some(subject) = &message.subject {
-        line += &format!(" subject={subject}");
+        line += &format!(" subject={}", shown(subject));
     }
     for property in &message.properties {
-        use wharf::sandbox::Value;
         let value = match &property.value {
-            Value::String(s) | Value::Other(s) => s.clone(),
+            Value::String(s) | Value::Other(s) => shown(s).to_string(),
             Value::Int(n) | Value::Timestamp(n) => n.to_string(),
             Value::Uint(n) => n.to_string(),
             Value::Float(f) => f.to_string(),
             Value::Boolean(b) => b.to_string(),
-            Value::Bytes(b) => format!("{b:?}"),
+            Value::Bytes(b) => format!("{} bytes", b.len()),
             Value::Null => "null".to_owned(),
         };
-        line += &format!(" {}={value}", property.key);
+        line += &format!(" {}={value}", shown(&property.key));
     }
-    line += &format!(": {}", String::from_utf8_lossy(&message.body));
+    let body = String::from_utf8_lossy(&message.body);
+    line += &format!(": {}", shown_up_to(&body, SHOWN_BODY_BYTES));
     line
 }
+
+/// The most of an output's body `wharf invoke` prints.
+const SHOWN_BODY_BYTES: usize = 64 * 1024;
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let grace = config.host.shutdown_grace;

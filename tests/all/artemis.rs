@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use wharf::events::Event;
-use wharf::settlement::{DelayPath, Disposition, Outcome, Publish};
+use wharf_core::settlement::{DelayPath, Disposition, Outcome, Publish};
 
 use crate::client::{Client, TestMessage, body_text, message_id, retry_count};
 use crate::{
@@ -54,7 +54,7 @@ pub(crate) async fn assert_gone(client: &mut Client, address: &str) -> anyhow::R
 
 /// Asserts `got` is `sent` as published: the dead-letter address receives
 /// the delivery exactly as it arrived.
-fn assert_same_message(got: &wharf::broker::message::AmqpMessage, sent: &TestMessage) {
+fn assert_same_message(got: &wharf_core::message::AmqpMessage, sent: &TestMessage) {
     let sent = sent.build();
     assert_eq!(got.header, sent.header, "header");
     assert_eq!(got.properties, sent.properties, "properties");

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use wharf::events::Event;
-use wharf::settlement::{DelayPath, Disposition, RetryPath};
+use wharf_core::settlement::{DelayPath, Disposition, RetryPath};
 
 use crate::client::{Client, TestMessage};
 use crate::faults::{killed_with_pending_copies, through_two_cuts};

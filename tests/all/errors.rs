@@ -279,7 +279,7 @@ async fn messages_handlers_and_links() -> anyhow::Result<()> {
     catalogue.redact(proxied.trim_start_matches("amqp://"), "<proxy>");
     let mount = MountToml::new("m", "fixture_script", &q)
         .with("max_message_size = 2048\ntimeout = \"300ms\"\nmax_attempts = 1");
-    let config = wharf::config::Config::parse(
+    let config = wharf_core::config::Config::parse(
         &config_text(&proxy.url(&url), &[mount]),
         Path::new("catalogue.toml"),
     )?;

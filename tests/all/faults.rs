@@ -11,9 +11,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::sync::broadcast::error::RecvError;
 
-use wharf::config::Config;
 use wharf::events::Event;
-use wharf::settlement::Disposition;
+use wharf_core::config::Config;
+use wharf_core::settlement::Disposition;
 
 use crate::client::{Client, TestMessage, input_of_output, message_id};
 use crate::process::{WharfProcess, signal};
@@ -189,6 +189,38 @@ pub(crate) async fn rhea_publish(
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(stdout)
+}
+
+/// At most once an unreadable delivery came settled: the planner's dead
+/// letter is all that keeps it, and the host goes on.
+#[tokio::test]
+async fn an_unreadable_delivery_at_most_once_is_dead_lettered() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let q = unique("odd-amo");
+    let dla = format!("{q}.dla");
+    let mount = MountToml::new("m", "fixture_script", &q).with(&format!(
+        "settle = \"at-most-once\"\ndead_letter = \"{dla}\""
+    ));
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish_raw(&q, vec![0x00, 0x53, 0x75, 0xa0, 0x10, 0x01])
+        .await?;
+    let reason = host
+        .next(|e| match e {
+            Event::Refused { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .await?;
+    assert!(reason.contains("not a readable AMQP message"), "{reason}");
+    wait_for_count(&dla, 1, async || client.artemis_count(&dla).await).await?;
+    let after = format!("{q}.after");
+    client.publish(&q, TestMessage::new(&after, "x")).await?;
+    assert_eq!(host.handled(&after).await?.failure, None);
+    println!("at most once: 1 unreadable sent, 1 dead-lettered, 1 readable handled after it");
+    host.stop().await?;
+    client.close().await;
+    Ok(())
 }
 
 #[tokio::test]

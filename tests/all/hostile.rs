@@ -6,10 +6,10 @@
 
 use fe2o3_amqp::types::messaging::{MessageAnnotations, Properties};
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
-use wharf::broker::message::limits;
-use wharf::config::Config;
 use wharf::events::{Event, Handled};
-use wharf::settlement::{Disposition, Plan, Publish};
+use wharf_core::config::Config;
+use wharf_core::message::limits;
+use wharf_core::settlement::{Disposition, Plan, Publish};
 
 use crate::client::{Client, TestMessage};
 use crate::process::WharfProcess;

@@ -9,8 +9,8 @@ use rustls::pki_types::PrivatePkcs8KeyDer;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use wharf::config::Config;
-use wharf::settlement::Disposition;
+use wharf_core::config::Config;
+use wharf_core::settlement::Disposition;
 
 use crate::client::{Client, TestMessage};
 use crate::process::WharfProcess;
@@ -476,7 +476,7 @@ async fn the_admin_listener_is_reached_only_through_a_grant_naming_it() -> anyho
 #[tokio::test]
 async fn a_request_carries_the_trace_of_the_delivery_that_made_it() -> anyhow::Result<()> {
     use fe2o3_amqp::types::primitives::SimpleValue;
-    use wharf::trace::{TRACEPARENT, TraceContext};
+    use wharf_core::trace::{TRACEPARENT, TraceContext};
     const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let server = Server::start().await?;
     let queue = unique("http-trace");
@@ -523,7 +523,7 @@ async fn a_request_carries_the_trace_of_the_delivery_that_made_it() -> anyhow::R
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_is_a_client_span_below_its_delivery() -> anyhow::Result<()> {
     use fe2o3_amqp::types::primitives::SimpleValue;
-    use wharf::trace::{TRACEPARENT, TraceContext};
+    use wharf_core::trace::{TRACEPARENT, TraceContext};
     const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let collector = crate::collector::Collector::start().await?;
     let server = Server::start().await?;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use serde_json::Value;
-use wharf::config::Config;
+use wharf_core::config::Config;
 
 use crate::{repo_root, unique};
 

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use fe2o3_amqp::types::primitives::SimpleValue;
 use wharf::events::Handled;
-use wharf::settlement::Disposition;
+use wharf_core::settlement::Disposition;
 
 use crate::client::TestMessage;
 use crate::process::wharf_binary;
@@ -102,11 +102,11 @@ fn step(handled: &Handled) -> Step {
 
 /// The kind of publish, without the retry count and delay that differ by
 /// attempt.
-fn publish_kind(publish: wharf::settlement::Publish) -> &'static str {
+fn publish_kind(publish: wharf_core::settlement::Publish) -> &'static str {
     match publish {
-        wharf::settlement::Publish::Copy { .. } => "Copy",
-        wharf::settlement::Publish::DeadLetter => "DeadLetter",
-        wharf::settlement::Publish::Outputs => "Outputs",
+        wharf_core::settlement::Publish::Copy { .. } => "Copy",
+        wharf_core::settlement::Publish::DeadLetter => "DeadLetter",
+        wharf_core::settlement::Publish::Outputs => "Outputs",
     }
 }
 
@@ -222,7 +222,7 @@ async fn a_kept_go_instance_never_fails_a_delivery_for_its_collector() -> anyhow
         let result = instances
             .reserve()
             .await
-            .call(&delivery, wharf::brokers::BrokerKind::Other)
+            .call(&delivery, wharf_core::brokers::BrokerKind::Other)
             .await
             .result;
         anyhow::ensure!(

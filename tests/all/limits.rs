@@ -1,10 +1,10 @@
 //! Failing and hostile handlers: each failure is a retry, and the host keeps
 //! serving everyone else. Bad modules and configs are refused at load.
 
-use wharf::config::Config;
 use wharf::events::Event;
-use wharf::settlement::Disposition;
 use wharf::{Host, HostError};
+use wharf_core::config::Config;
+use wharf_core::settlement::Disposition;
 
 use crate::client::TestMessage;
 use crate::process::wharf_binary;

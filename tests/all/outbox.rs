@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use wharf::config::Config;
 use wharf::events::Event;
-use wharf::settlement::{Disposition, Outcome};
+use wharf_core::config::Config;
+use wharf_core::settlement::{Disposition, Outcome};
 
 use crate::client::{Client, TestMessage, body_bytes, correlation_id, input_of_output, message_id};
 use crate::faults::rabbitmq4_ctl;

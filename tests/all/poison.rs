@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use wharf::broker::management::QueueKind;
 use wharf::events::Event;
-use wharf::settlement::{Disposition, Publish, RetryPath};
+use wharf_core::brokers::QueueKind;
+use wharf_core::settlement::{Disposition, Publish, RetryPath};
 
 use crate::client::{Client, TestMessage};
 use crate::{MountToml, TestHost, unique};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use wharf::events::Event;
-use wharf::settlement::{DelayPath, Disposition, Publish};
+use wharf_core::settlement::{DelayPath, Disposition, Publish};
 
 use crate::client::{Client, TestMessage, retry_count};
 use crate::{MountToml, TestHost, rabbitmq_url, start_with_client, unique, wait_for_count};

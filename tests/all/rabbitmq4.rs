@@ -3,8 +3,8 @@
 //! asks the broker which one an address is and carries retries so that a
 //! poison message reaches its limit on every kind.
 
-use wharf::broker::management::QueueKind;
-use wharf::settlement::{Disposition, Publish, RetryPath};
+use wharf_core::brokers::QueueKind;
+use wharf_core::settlement::{Disposition, Publish, RetryPath};
 
 use crate::brokers::five_vectors;
 use crate::client::{Client, TestMessage};
@@ -256,13 +256,13 @@ async fn anonymous_login_works_where_the_broker_allows_it_and_is_refused_elsewhe
     // RabbitMQ 4 maps ANONYMOUS to its `anonymous_login_user` (guest, from
     // loopback); the test Artemis requires a login.
     let anonymous = rabbitmq4_url().replace("guest:guest@", "");
-    let config = wharf::config::Config::parse(
+    let config = wharf_core::config::Config::parse(
         &config_text(&anonymous, &[]),
         &crate::repo_root().join("anonymous.toml"),
     )?;
     assert_eq!(
         config.broker.credentials.mechanism,
-        wharf::config::SaslMechanism::Anonymous
+        wharf_core::config::SaslMechanism::Anonymous
     );
     let q = unique("rmq4-anonymous");
     let mut host = TestHost::start(&anonymous, &[MountToml::new("m", "ack", &q)]).await?;
@@ -278,7 +278,7 @@ async fn anonymous_login_works_where_the_broker_allows_it_and_is_refused_elsewhe
 
     // Artemis refuses it at the first session, after the open.
     let artemis = crate::artemis_url().replace("admin:admin@", "");
-    let refused = crate::tls::refusal(wharf::config::Broker::at(&artemis)).await?;
+    let refused = crate::tls::refusal(wharf_core::config::Broker::at(&artemis)).await?;
     println!("ANONYMOUS to Artemis with logins required: {refused}");
     assert!(refused.contains("Unable to validate user"), "{refused}");
     Ok(())

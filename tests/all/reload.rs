@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use wharf::config::Config;
 use wharf::events::{ConfigChange, Event};
-use wharf::settlement::Disposition;
+use wharf_core::config::Config;
+use wharf_core::settlement::Disposition;
 
 use crate::client::{Client, TestMessage};
 use crate::{

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
-use wharf::config::Config;
+use wharf_core::config::Config;
 
 use crate::artemis_users;
 use crate::client::{Client, TestMessage};

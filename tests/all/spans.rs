@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fe2o3_amqp::types::primitives::SimpleValue;
-use wharf::trace::TRACEPARENT;
+use wharf_core::trace::TRACEPARENT;
 
 use crate::client::{Client, TestMessage, trace_context as carried};
 use crate::collector::{Collector, ReceivedSpan};
@@ -281,7 +281,7 @@ async fn a_collector_that_is_down_costs_only_dropped_spans() -> anyhow::Result<(
         let outcome = host.handled(&format!("{q}.{n}")).await?;
         assert_eq!(
             outcome.disposition,
-            Some(wharf::settlement::Disposition::Accepted)
+            Some(wharf_core::settlement::Disposition::Accepted)
         );
         handled += 1;
     }

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use wharf::broker::{BrokerConnection, ConnectOptions, Endpoint};
-use wharf::config::{Broker, Config, SaslMechanism, TlsFiles};
+use wharf::broker::{BrokerConnection, ConnectOptions};
+use wharf_core::config::{Broker, Config, SaslMechanism, TlsFiles};
+use wharf_core::endpoint::Endpoint;
 
 use crate::client::{Client, TestMessage};
 use crate::tls_broker::{
@@ -36,7 +37,7 @@ async fn handled_over(url: &str, broker_lines: &str) -> anyhow::Result<()> {
         .publish(&queue, TestMessage::new(&id, "over TLS"))
         .await?;
     let handled = host.handled(&id).await?;
-    assert_eq!(handled.outcome, wharf::settlement::Outcome::Ack);
+    assert_eq!(handled.outcome, wharf_core::settlement::Outcome::Ack);
     client.close().await;
     host.stop().await
 }

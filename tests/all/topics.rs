@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use anyhow::Context as _;
-use wharf::config::{Config, SubscriptionKind};
 use wharf::events::Event;
-use wharf::settlement::Disposition;
+use wharf_core::config::{Config, SubscriptionKind};
+use wharf_core::settlement::Disposition;
 
 use crate::client::{Client, TestMessage, input_of_output, message_id};
 use crate::process::{WharfProcess, signal};
@@ -40,8 +40,8 @@ async fn counted(client: &mut Client, queue: &str, expected: u64) -> anyhow::Res
 /// Ends the test's durable subscription so none is left on the broker.
 async fn end(address: &str, name: &str) -> anyhow::Result<()> {
     let url = artemis_url();
-    let endpoint = wharf::broker::Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
-    let connect = wharf::broker::ConnectOptions::of(&wharf::config::Broker::at(&url));
+    let endpoint = wharf_core::endpoint::Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
+    let connect = wharf::broker::ConnectOptions::of(&wharf_core::config::Broker::at(&url));
     wharf::broker::end_subscription(
         &endpoint,
         &connect,

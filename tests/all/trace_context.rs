@@ -6,8 +6,8 @@
 use fe2o3_amqp::types::messaging::MessageAnnotations;
 use fe2o3_amqp::types::messaging::annotations::OwnedKey;
 use fe2o3_amqp::types::primitives::{Binary, OrderedMap, SimpleValue, Symbol, Value};
-use wharf::broker::message::AmqpMessage;
-use wharf::trace::{DIAGNOSTIC_ID, QPID_TRACESTATE, TRACEPARENT, TRACESTATE, TraceContext};
+use wharf_core::message::AmqpMessage;
+use wharf_core::trace::{DIAGNOSTIC_ID, QPID_TRACESTATE, TRACEPARENT, TRACESTATE, TraceContext};
 
 use crate::client::{Client, TestMessage, trace_context as carried};
 use crate::{MountToml, TestHost, artemis_url, unique};

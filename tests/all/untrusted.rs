@@ -15,10 +15,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use fe2o3_amqp::types::messaging::Outcome;
 use tokio::sync::RwLockReadGuard;
-use wharf::brokers::BrokerKind;
-use wharf::config::Config;
 use wharf::events::{Event, Handled};
-use wharf::settlement::{Disposition, Publish};
+use wharf_core::brokers::BrokerKind;
+use wharf_core::config::Config;
+use wharf_core::settlement::{Disposition, Publish};
 
 use crate::client::{Client, TestMessage};
 use crate::hostile_messages::{self as hostile, Rng, Through, spellings};
@@ -335,7 +335,7 @@ pub(crate) async fn a_binary_key(broker: &Broker) -> anyhow::Result<()> {
         let mut dead = pair.client.watch_raw(&pair.a_dead).await?;
         let letter = dead.next().await?;
         assert_eq!(
-            wharf::broker::message::message_id_of(&letter).as_deref(),
+            wharf_core::message::message_id_of(&letter).as_deref(),
             Some(id.as_str())
         );
         dead.close().await;

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wharf::sandbox::{Delivery, InstancePolicy, Instances, Outcome};
+use wharf::sandbox::{Delivery, Instances, Outcome};
+use wharf_core::config::InstancePolicy;
 use wharf_tests::sandbox::{KEEP, instances, ok_delivery, sandbox};
 
 /// The example handlers, by language.
@@ -138,7 +139,7 @@ async fn call(instances: &Arc<Instances>, delivery: &Delivery) -> anyhow::Result
     let result = instances
         .reserve()
         .await
-        .call(delivery, wharf::brokers::BrokerKind::Other)
+        .call(delivery, wharf_core::brokers::BrokerKind::Other)
         .await
         .result;
     match result {

@@ -27,7 +27,7 @@ use fe2o3_amqp::transaction::{
 use fe2o3_amqp::types::messaging::{Body, Header, Outcome};
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Receiver, Sender, Session};
-use wharf::broker::message::{ARTEMIS_DUPLICATE_ID, AmqpMessage};
+use wharf_core::message::{ARTEMIS_DUPLICATE_ID, AmqpMessage};
 use wharf_tests::MountToml;
 use wharf_tests::bench::{self, Broker, brokers, host, message, native_connection, prefill, rate};
 use wharf_tests::unique;

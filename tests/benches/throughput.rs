@@ -25,9 +25,9 @@ use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::messaging::{Body, MessageId};
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Receiver, Sender, Session};
-use wharf::broker::message::AmqpMessage;
-use wharf::config::Config;
 use wharf::events::Event;
+use wharf_core::config::Config;
+use wharf_core::message::AmqpMessage;
 use wharf_tests::bench::{self, Broker, brokers, host, host_with, median, median_ratio, rate};
 use wharf_tests::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};
 
@@ -275,7 +275,7 @@ fn balanced_order(round: usize, n: usize) -> impl Iterator<Item = usize> {
 fn off_tracing_work() -> Duration {
     use std::hint::black_box;
     use wharf::telemetry::{Kind, Telemetry};
-    use wharf::trace::TraceContext;
+    use wharf_core::trace::TraceContext;
     const TIMES: u32 = 1_000_000;
     let message = message("off".to_owned());
     let telemetry = Telemetry::off();

@@ -9,9 +9,9 @@ use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::types::messaging::{Body, Data, Message, Properties};
 use fe2o3_amqp::types::primitives::{Binary, Value};
-use wharf::broker::Endpoint;
-use wharf::broker::message::AmqpMessage;
-use wharf::config::Config;
+use wharf_core::config::Config;
+use wharf_core::endpoint::Endpoint;
+use wharf_core::message::AmqpMessage;
 
 use crate::client::Client;
 use crate::{MountToml, TenantToml, TestHost, repo_root, tenants_text, unique};

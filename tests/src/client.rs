@@ -14,9 +14,9 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use wharf::broker::Endpoint;
-use wharf::broker::message::AmqpMessage;
-use wharf::settlement::RETRY_COUNT_PROPERTY;
+use wharf_core::endpoint::Endpoint;
+use wharf_core::message::AmqpMessage;
+use wharf_core::settlement::RETRY_COUNT_PROPERTY;
 
 use crate::{DEADLINE, unique};
 
@@ -515,8 +515,8 @@ pub fn body_text(message: &AmqpMessage) -> String {
 pub fn trace_context(
     message: &AmqpMessage,
     what: &str,
-) -> anyhow::Result<wharf::trace::TraceContext> {
-    wharf::trace::TraceContext::of(message)
+) -> anyhow::Result<wharf_core::trace::TraceContext> {
+    wharf_core::trace::TraceContext::of(message)
         .map_err(|e| anyhow::anyhow!("{what}: unreadable context in the {}", e.place))?
         .ok_or_else(|| anyhow::anyhow!("{what}: no trace context"))
 }

@@ -9,7 +9,7 @@
 
 use fe2o3_amqp::types::messaging::{Header, MessageId, Properties};
 use fe2o3_amqp::types::primitives::{Binary, Uuid};
-use wharf::brokers::BrokerKind;
+use wharf_core::brokers::BrokerKind;
 
 /// A small, seeded random number source (SplitMix64): the same seed gives
 /// the same messages on every machine.
@@ -322,7 +322,7 @@ impl<'a> Draft<'a> {
                 let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
                 (
                     MessageId::Binary(Binary::from(bytes)),
-                    wharf::text::shown(&hex).to_string(),
+                    wharf_core::text::shown(&hex).to_string(),
                 )
             }
             _ => {
@@ -331,7 +331,7 @@ impl<'a> Draft<'a> {
                     "i".repeat(self.rng.within(0, 200_000)),
                     "\u{1b}"
                 );
-                let shown = wharf::text::shown(&text).to_string();
+                let shown = wharf_core::text::shown(&text).to_string();
                 (MessageId::String(text), shown)
             }
         }

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use tokio::sync::broadcast;
-use wharf::config::Config;
 use wharf::events::{Event, Handled};
 use wharf::{Host, RunningHost};
+use wharf_core::config::Config;
 
 /// How long any one expected thing may take on a loaded 2-core machine.
 pub const DEADLINE: Duration = Duration::from_secs(60);

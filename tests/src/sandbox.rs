@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wharf::authoring::InvokeInput;
-use wharf::config::TenantBudget;
 use wharf::sandbox::{
-    CallLimits, Delivery, Grants, InstancePolicy, Instances, LogTags, Module, Owners, Sandbox,
-    TenantShare,
+    CallLimits, Delivery, Instances, LogTags, Module, Owners, Sandbox, TenantShare,
 };
+use wharf_core::config::InstancePolicy;
+use wharf_core::config::TenantBudget;
+use wharf_core::grants::Grants;
 
 /// Memory each instance may use.
 pub const MEMORY: u64 = 256 << 20;

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use wharf::config::Config;
 use wharf::events::Event;
-use wharf::settlement::Disposition;
+use wharf_core::config::Config;
+use wharf_core::settlement::Disposition;
 
 use crate::client::{Client, TestMessage};
 use crate::{MountToml, TenantToml, TestHost, artemis_url, repo_root, tenants_text, unique};

@@ -8,6 +8,7 @@
 
 mod copy;
 pub mod limits;
+mod output;
 mod seal;
 pub(crate) mod sections;
 mod view;
@@ -24,6 +25,7 @@ pub use crate::retry_key::RetryKey;
 use crate::settlement::{Counters, RETRY_COUNT_PROPERTY};
 pub use copy::{CopyOf, copy_payload};
 use limits::ValueLimits;
+pub use output::OutputMessage;
 pub use seal::RETRY_SEAL_PROPERTY;
 pub use sections::DecodeFailure;
 pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};

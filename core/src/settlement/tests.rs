@@ -528,6 +528,27 @@ fn at_most_once_outputs_are_published_after_the_fact() {
 mod after_publish_vectors {
     use super::*;
 
+    /// A mount with three attempts and no dead-letter address, and a
+    /// delivery on its first.
+    const MOUNT: Policy = Policy {
+        settle: ALO,
+        max_attempts: Some(3),
+        dead_letter: false,
+        retry: RetryPath::Modified,
+        modified_supported: true,
+        delay: DelayPath::Scheduled,
+        retry_after_original: Disposition::Rejected,
+        rejected_requeues: false,
+    };
+    const FIRST: Counters = Counters {
+        delivery_count: Some(0),
+        retry_count: None,
+    };
+
+    fn after(plan: &Plan, published: &Published) -> AfterPublish {
+        after_publish(&MOUNT, &FIRST, plan, published)
+    }
+
     fn refused() -> Published {
         Published::Refused {
             reason: "amqp:not-found".to_owned(),
@@ -546,12 +567,20 @@ mod after_publish_vectors {
         }
     }
 
+    fn unbuildable() -> Published {
+        Published::Unbuildable {
+            reason: "cannot encode it".to_owned(),
+        }
+    }
+
     fn outputs_then_accept(keep: Disposition) -> Plan {
         publish_then(Publish::Outputs, Disposition::Accepted, keep)
     }
 
+    /// The delivery planned again as a failed attempt.
     fn retry(reason: &str) -> AfterPublish {
-        AfterPublish::Retry {
+        AfterPublish::Instead {
+            plan: plan(&MOUNT, &FIRST, Outcome::Retry),
             reason: reason.to_owned(),
         }
     }
@@ -564,7 +593,7 @@ mod after_publish_vectors {
     fn accepted_outputs_accept_the_delivery() {
         let plan = outputs_then_accept(Disposition::Modified);
         assert_eq!(
-            after_publish(&plan, &Published::Accepted),
+            after(&plan, &Published::Accepted),
             settle(Disposition::Accepted)
         );
     }
@@ -572,15 +601,22 @@ mod after_publish_vectors {
     #[test]
     fn refused_or_unsent_outputs_are_a_failed_attempt() {
         let plan = outputs_then_accept(Disposition::Modified);
-        assert_eq!(after_publish(&plan, &refused()), retry("amqp:not-found"));
-        assert_eq!(after_publish(&plan, &not_sent()), retry("no credit"));
+        assert_eq!(after(&plan, &refused()), retry("amqp:not-found"));
+        assert_eq!(after(&plan, &not_sent()), retry("no credit"));
+        assert_eq!(
+            retry("x"),
+            AfterPublish::Instead {
+                plan: settles(Disposition::Modified),
+                reason: "x".to_owned()
+            }
+        );
     }
 
     #[test]
     fn outputs_of_unknown_fate_are_handed_back_to_the_broker() {
         for keep in [Disposition::Modified, Disposition::Released] {
             let plan = outputs_then_accept(keep);
-            assert_eq!(after_publish(&plan, &unknown()), settle(keep));
+            assert_eq!(after(&plan, &unknown()), settle(keep));
         }
     }
 
@@ -589,12 +625,12 @@ mod after_publish_vectors {
         for publish in [Publish::DeadLetter, copy_of(1, Duration::ZERO)] {
             let plan = publish_then(publish, Disposition::Accepted, Disposition::Modified);
             assert_eq!(
-                after_publish(&plan, &Published::Accepted),
+                after(&plan, &Published::Accepted),
                 settle(Disposition::Accepted)
             );
             for failed in [refused(), not_sent(), unknown()] {
                 assert_eq!(
-                    after_publish(&plan, &failed),
+                    after(&plan, &failed),
                     settle(Disposition::Modified),
                     "{publish:?} {failed:?}"
                 );
@@ -604,36 +640,28 @@ mod after_publish_vectors {
 
     #[test]
     fn a_copy_that_cannot_be_made_gives_the_delivery_up() {
-        let unbuildable = Published::Unbuildable {
-            reason: "cannot encode it".to_owned(),
-        };
         let plan = publish_then(
             copy_of(1, Duration::ZERO),
             Disposition::Accepted,
             Disposition::Modified,
         );
         assert_eq!(
-            after_publish(&plan, &unbuildable),
-            AfterPublish::GiveUp {
+            after(&plan, &unbuildable()),
+            AfterPublish::Instead {
+                plan: settles(Disposition::Rejected),
                 reason: "cannot encode it".to_owned()
             }
         );
         // Outputs that cannot be made are a failed attempt; a dead letter
         // (the delivery as it arrived) that cannot be made is kept.
         let outputs = outputs_then_accept(Disposition::Modified);
-        assert_eq!(
-            after_publish(&outputs, &unbuildable),
-            retry("cannot encode it")
-        );
+        assert_eq!(after(&outputs, &unbuildable()), retry("cannot encode it"));
         let dead = publish_then(
             Publish::DeadLetter,
             Disposition::Accepted,
             Disposition::Modified,
         );
-        assert_eq!(
-            after_publish(&dead, &unbuildable),
-            settle(Disposition::Modified)
-        );
+        assert_eq!(after(&dead, &unbuildable()), settle(Disposition::Modified));
     }
 
     #[test]
@@ -660,13 +688,10 @@ mod after_publish_vectors {
             Disposition::Released,
         );
         assert_eq!(
-            after_publish(&plan, &Published::Accepted),
+            after(&plan, &Published::Accepted),
             settle(Disposition::Rejected)
         );
-        assert_eq!(
-            after_publish(&plan, &unknown()),
-            settle(Disposition::Released)
-        );
+        assert_eq!(after(&plan, &unknown()), settle(Disposition::Released));
     }
 
     #[test]
@@ -676,16 +701,20 @@ mod after_publish_vectors {
             unsupported: false,
         };
         for answer in [Published::Accepted, refused(), not_sent(), unknown()] {
-            assert_eq!(after_publish(&plan, &answer), AfterPublish::Settle(None));
+            assert_eq!(after(&plan, &answer), AfterPublish::Settle(None));
         }
     }
 
     proptest! {
         /// Whatever is answered, a delivery that must not be lost is never
-        /// settled as done unless its publish was accepted, and a failed
-        /// attempt only ever comes from an ack's outputs.
+        /// settled as done unless its publish was accepted; a plan is
+        /// replaced only for an ack's outputs (by a failed attempt, which
+        /// publishes none) or a copy that cannot be made (by the plan at the
+        /// limit, which publishes no copy), so replacements end.
         #[test]
         fn nothing_owed_is_lost(
+            policy in any_policy(),
+            counters in any_counters(),
             then in prop_oneof![Just(Disposition::Accepted), Just(Disposition::Rejected)],
             keep in prop_oneof![Just(Disposition::Modified), Just(Disposition::Released)],
             publish in prop_oneof![
@@ -699,19 +728,112 @@ mod after_publish_vectors {
             ],
             answer in 0usize..5,
         ) {
+            let policy = Policy { settle: ALO, ..policy };
             let plan = publish_then(publish, then, keep);
-            let unbuildable = Published::Unbuildable { reason: "x".to_owned() };
-            let answer = [Published::Accepted, refused(), not_sent(), unknown(), unbuildable][answer].clone();
-            let next = after_publish(&plan, &answer);
-            match (&answer, &next) {
-                (Published::Accepted, AfterPublish::Settle(d)) => prop_assert_eq!(*d, Some(then)),
-                (_, AfterPublish::Retry { .. }) => prop_assert_eq!(publish, Publish::Outputs),
-                (Published::Unbuildable { .. }, AfterPublish::GiveUp { .. }) => {
-                    let copy = matches!(publish, Publish::Copy { .. });
-                    prop_assert!(copy, "gave up on {:?}", publish);
+            let answer = [Published::Accepted, refused(), not_sent(), unknown(), unbuildable()][answer].clone();
+            match (&answer, after_publish(&policy, &counters, &plan, &answer)) {
+                (Published::Accepted, AfterPublish::Settle(d)) => prop_assert_eq!(d, Some(then)),
+                (_, AfterPublish::Instead { plan: instead, .. }) if publish == Publish::Outputs => {
+                    prop_assert_eq!(instead, super::plan(&policy, &counters, Outcome::Retry));
+                    prop_assert_ne!(instead.publish(), Some(Publish::Outputs));
                 }
-                (_, AfterPublish::GiveUp { .. }) => prop_assert!(false, "gave up on {:?}", answer),
-                (_, AfterPublish::Settle(d)) => prop_assert_eq!(*d, Some(keep)),
+                (Published::Unbuildable { .. }, AfterPublish::Instead { plan: instead, .. }) => {
+                    prop_assert!(matches!(publish, Publish::Copy { .. }), "replaced {:?}", publish);
+                    prop_assert_eq!(instead, policy.at_limit());
+                    let copies = matches!(instead.publish(), Some(Publish::Copy { .. }));
+                    prop_assert!(!copies, "{:?}", instead);
+                }
+                (_, AfterPublish::Instead { .. }) => prop_assert!(false, "replaced on {:?}", answer),
+                (_, AfterPublish::Settle(d)) => prop_assert_eq!(d, Some(keep)),
+            }
+        }
+    }
+}
+
+/// Deliveries no handler sees, on every kind of mount.
+mod unhandled_vectors {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_delivery_is_at_its_limit_at_once() {
+        assert_eq!(
+            plan_unhandled(&policy(ALO, Some(5), true), Unhandled::Unreadable),
+            dead_letter_then_accept()
+        );
+        assert_eq!(
+            plan_unhandled(&policy(ALO, None, false), Unhandled::Unreadable),
+            settles(Disposition::Rejected)
+        );
+        let requeues = Policy {
+            rejected_requeues: true,
+            ..policy(ALO, None, false)
+        };
+        assert_eq!(
+            plan_unhandled(&requeues, Unhandled::Unreadable),
+            settles(Disposition::Accepted)
+        );
+    }
+
+    #[test]
+    fn an_oversized_delivery_is_given_up_to_the_broker_never_dead_lettered() {
+        for dead_letter in [false, true] {
+            let mount = policy(ALO, Some(3), dead_letter);
+            assert_eq!(
+                plan_unhandled(&mount, Unhandled::Oversized),
+                settles(Disposition::Rejected)
+            );
+            let requeues = Policy {
+                rejected_requeues: true,
+                ..mount
+            };
+            assert_eq!(
+                plan_unhandled(&requeues, Unhandled::Oversized),
+                settles(Disposition::Accepted)
+            );
+        }
+    }
+
+    #[test]
+    fn at_most_once_only_the_dead_letter_of_an_unreadable_one_acts() {
+        assert_eq!(
+            plan_unhandled(&policy(AMO, None, true), Unhandled::Unreadable),
+            presettled(Some(Publish::DeadLetter), false)
+        );
+        for (dead_letter, unhandled) in [
+            (false, Unhandled::Unreadable),
+            (true, Unhandled::Oversized),
+            (false, Unhandled::Oversized),
+        ] {
+            assert_eq!(
+                plan_unhandled(&policy(AMO, None, dead_letter), unhandled),
+                presettled(None, false)
+            );
+        }
+    }
+
+    proptest! {
+        /// A delivery no handler sees is never retried, never copied, never
+        /// handed back to come again, and is sent `rejected` only where
+        /// the broker does not put it back.
+        #[test]
+        fn unhandled_deliveries_end(
+            policy in any_policy(),
+            oversized in any::<bool>(),
+        ) {
+            let unhandled = if oversized { Unhandled::Oversized } else { Unhandled::Unreadable };
+            let p = plan_unhandled(&policy, unhandled);
+            let again = matches!(p.publish(), Some(Publish::Copy { .. } | Publish::Outputs));
+            prop_assert!(!again, "{:?}", p);
+            if oversized {
+                prop_assert_eq!(p.publish(), None);
+            }
+            match p {
+                Plan::Settle(d) => {
+                    prop_assert!(matches!(d, Disposition::Accepted | Disposition::Rejected));
+                    prop_assert_eq!(d == Disposition::Rejected, !policy.rejected_requeues);
+                }
+                Plan::PublishThenSettle { then, .. } => prop_assert_eq!(then, Disposition::Accepted),
+                Plan::Presettled { unsupported, .. } => prop_assert!(!unsupported),
             }
         }
     }

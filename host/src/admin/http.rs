@@ -23,8 +23,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::config::Secret;
 use crate::events::LinkState as State;
+use crate::sync::Locked;
+use wharf_core::config::Secret;
 
 /// The longest request head read; admin requests are one short line.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -69,7 +70,7 @@ impl Health {
     /// `permanent`: its last failure will not mend by retrying.
     pub fn set_mount(&self, tenant: &str, mount: &str, state: &State, permanent: bool) {
         let key = (tenant.to_owned(), mount.to_owned());
-        let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut mounts = self.mounts.locked();
         let last_error = mounts.get(&key).and_then(|m| m.error.clone());
         let health = match state {
             State::Attaching => MountHealth {
@@ -98,7 +99,7 @@ impl Health {
     /// Whether every mount is attached, and a JSON list of those that are
     /// not.
     fn readiness(&self) -> (bool, String) {
-        let mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        let mounts = self.mounts.locked();
         let waiting: Vec<serde_json::Value> = mounts
             .iter()
             .filter(|(_, m)| m.state != "up")
@@ -210,7 +211,7 @@ struct Reading {
 
 impl Reading {
     fn enter(&self) -> (u64, CancellationToken) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = self.waiting.locked();
         let id = waiting.0;
         waiting.0 += 1;
         let token = CancellationToken::new();
@@ -219,14 +220,14 @@ impl Reading {
     }
 
     fn leave(&self, id: u64) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = self.waiting.locked();
         waiting.1.retain(|(waiting, _)| *waiting != id);
     }
 
     /// Closes the connection that has waited longest; false when none is
     /// waiting.
     fn evict_oldest(&self) -> bool {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = self.waiting.locked();
         match waiting.1.pop_front() {
             Some((_, token)) => {
                 token.cancel();

@@ -13,8 +13,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::sandbox::LogTags;
-use crate::settlement::{Disposition, Outcome};
 use crate::telemetry::SpanCounts;
+use wharf_core::settlement::{Disposition, Outcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MountLabels {

@@ -4,11 +4,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{LogLevel, Mount, TenantBudget};
 use crate::sandbox::{
-    CallLimits, Delivery, Failure, Grants, InstancePolicy, Instances, LogTags, Outcome, Outgoing,
-    Owners, Property, Sandbox, TenantShare, Value,
+    CallLimits, Delivery, Failure, Instances, LogTags, Outcome, Outgoing, Owners, Property,
+    Sandbox, TenantShare, Value,
 };
+use wharf_core::config::InstancePolicy;
+use wharf_core::config::{LogLevel, Mount, TenantBudget};
+use wharf_core::grants::Grants;
 
 /// What the made-up delivery carries.
 #[derive(Debug, Clone, Default)]

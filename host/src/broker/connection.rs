@@ -1,7 +1,7 @@
 //! One AMQP connection to one broker node.
 
-use super::BrokerKind;
 use std::time::Duration;
+use wharf_core::brokers::BrokerKind;
 
 use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::sasl_profile::{SaslProfile, SaslScramSha256, SaslScramSha512};
@@ -10,8 +10,9 @@ use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Connection, Session};
 
 use super::error::{BrokerError, ConnectFailure, Timed};
-use super::{Endpoint, socket, tls};
-use crate::config::{Broker, Credentials, SaslMechanism, TlsFiles};
+use super::{socket, tls};
+use wharf_core::config::{Broker, Credentials, SaslMechanism, TlsFiles};
+use wharf_core::endpoint::Endpoint;
 
 /// Sessions one connection may carry (the AMQP maximum; a broker may allow
 /// fewer, and then the pool opens more connections).
@@ -154,9 +155,10 @@ impl BrokerConnection {
             source,
         };
         let tls = match (&options.tls, endpoint.scheme.as_str()) {
-            (Some(files), "amqps") => {
-                Some(tls::client_config(files).map_err(|e| fail(ConnectFailure::TlsFiles(e)))?)
-            }
+            (Some(files), "amqps") => Some(
+                wharf_core::tls::client_config(files)
+                    .map_err(|e| fail(ConnectFailure::TlsFiles(e)))?,
+            ),
             (None, "amqp") => None,
             _ => {
                 return Err(fail(ConnectFailure::Unsupported(format!(

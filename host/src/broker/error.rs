@@ -187,7 +187,7 @@ pub enum ConnectFailure {
     Tls(#[source] std::io::Error),
     /// The TLS files could not be loaded.
     #[error("TLS: {0}")]
-    TlsFiles(#[source] super::tls::TlsError),
+    TlsFiles(#[source] wharf_core::tls::TlsError),
     /// AMQP or SASL: the broker refused us.
     #[error("{}", open_words(.0))]
     Open(OpenError),

@@ -16,44 +16,11 @@ use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Receiver, Sender};
 
 use super::PooledSession;
+use wharf_core::brokers::QueueKind;
 use wharf_core::endpoint::percent_decode;
 
 /// The node's address.
 const NODE: &str = "/management";
-
-/// What kind of queue a RabbitMQ 4 address consumes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QueueKind {
-    /// Counts nothing: a redelivered message looks like a first one.
-    Classic,
-    /// Counts deliveries (`x-delivery-count`) and dead-letters on its own
-    /// at its delivery limit.
-    Quorum {
-        /// The queue's `x-delivery-limit` argument, if declared with one
-        /// (policies may set another, which this does not see).
-        delivery_limit: Option<u64>,
-    },
-    /// An append-only log: nothing can be put back.
-    Stream,
-    /// A type this version of wharf does not know.
-    Other(String),
-}
-
-impl std::fmt::Display for QueueKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            QueueKind::Classic => f.write_str("classic"),
-            QueueKind::Quorum {
-                delivery_limit: Some(limit),
-            } => write!(f, "quorum (delivery limit {limit})"),
-            QueueKind::Quorum {
-                delivery_limit: None,
-            } => f.write_str("quorum"),
-            QueueKind::Stream => f.write_str("stream"),
-            QueueKind::Other(kind) => write!(f, "{kind}"),
-        }
-    }
-}
 
 /// What is known of the queue behind a mount's address.
 #[derive(Debug, Clone, PartialEq, Eq)]

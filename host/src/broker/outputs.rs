@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{AttachFailure, BrokerError, PublishFailure};
 use super::{BrokerPool, PooledSession};
+use crate::sync::Locked;
 
 /// Senders attached on demand for outputs; past this many the least
 /// recently used is detached, so a handler publishing to ever new addresses
@@ -50,7 +51,7 @@ pub(super) struct Failure {
 
 impl Failure {
     pub(super) fn record(&self, error: BrokerError) {
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.error.locked();
         if slot.is_none() {
             *slot = Some(error);
         }
@@ -59,7 +60,7 @@ impl Failure {
 
     /// The recorded error, once: later callers get `None`.
     pub(super) fn take(&self) -> Option<BrokerError> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.error.locked().take()
     }
 }
 

@@ -15,11 +15,12 @@ use fe2o3_amqp::session::{BeginError, SessionHandle};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::CLOSE_TIMEOUT;
 use super::connection::{BrokerConnection, BrokerOffers, ConnectOptions};
 use super::error::{BrokerError, Timed};
-use super::{CLOSE_TIMEOUT, Endpoint};
-use crate::backoff::{Backoff, BackoffPolicy};
 use crate::logging::{Repeats, Tell, human};
+use wharf_core::backoff::{Backoff, BackoffPolicy};
+use wharf_core::endpoint::Endpoint;
 
 /// How often the pool looks for connections that ended on their own.
 const CHECK_EVERY: Duration = Duration::from_millis(250);

@@ -10,7 +10,8 @@ use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Receiver, Sender};
 
 use super::error::{AttachFailure, PublishFailure};
-use super::{BrokerConnection, BrokerError, ConnectOptions, Endpoint};
+use super::{BrokerConnection, BrokerError, ConnectOptions};
+use wharf_core::endpoint::Endpoint;
 
 /// Where and how `wharf send` publishes.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use fe2o3_amqp::link::delivery::DeliveryInfo;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::{ErrorRecovery, RecvError};
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::types::definitions::{self, AmqpError, SenderSettleMode};
+use fe2o3_amqp::types::definitions::{self, AmqpError, LinkError, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{
     Body, Modified, Source, TerminusDurability, TerminusExpiryPolicy,
 };
@@ -13,35 +13,46 @@ use fe2o3_amqp::types::primitives::{Symbol, Value};
 use wharf_core::text;
 
 use super::error::{AttachFailure, BrokerError};
-use super::message::AmqpMessage;
-use crate::config::{Settle, SubscriptionKind};
-use crate::settlement::Disposition;
+use wharf_core::config::{Settle, SubscriptionKind};
+use wharf_core::message::AmqpMessage;
+use wharf_core::settlement::{Disposition, Unhandled};
 
 const MODIFIED_OUTCOME: &str = "amqp:modified:list";
+
+/// The error a `rejected` of a delivery no handler read carries. The
+/// description reaches the broker in a frame of its own: cut to a length
+/// any broker takes.
+fn rejection(unhandled: Unhandled, reason: &str) -> definitions::Error {
+    let condition: definitions::ErrorCondition = match unhandled {
+        Unhandled::Unreadable => AmqpError::DecodeError.into(),
+        Unhandled::Oversized => LinkError::MessageSizeExceeded.into(),
+    };
+    let description = text::bounded(reason.to_owned(), text::DESCRIPTION_BYTES);
+    definitions::Error::new(condition, Some(description), None)
+}
 
 /// What the link gave: a delivery, or one the host must settle without
 /// running a handler.
 pub enum Received {
     /// A delivery for the handler.
     Delivery(Box<Inbound>),
-    /// A delivery that is not an AMQP message the host can read; it must be
-    /// rejected with `amqp:decode-error`.
-    Undecodable {
-        /// What settling it needs.
-        info: DeliveryInfo,
-        /// What is wrong with it.
-        reason: String,
-        /// The message exactly as it arrived.
-        payload: bytes::Bytes,
-    },
-    /// A delivery over the mount's `max_message_size`, already rejected by
-    /// the link without being read.
-    Oversized {
-        /// Its size in bytes.
-        size: u64,
-        /// The limit.
-        max_size: u64,
-    },
+    /// A delivery no handler can see.
+    Unhandled(Unread),
+}
+
+/// A delivery the host settles without running a handler, as the planner
+/// says ([`wharf_core::settlement::plan_unhandled`]).
+pub struct Unread {
+    /// What is wrong with it.
+    pub unhandled: Unhandled,
+    /// What settling it needs; none when it came settled.
+    pub info: Option<DeliveryInfo>,
+    /// Why, in words: for the log, the dead letter's annotation and the
+    /// `rejected`'s description.
+    pub reason: String,
+    /// The message exactly as it arrived; empty when it was discarded
+    /// unread.
+    pub payload: bytes::Bytes,
 }
 
 /// A delivery taken off the link.
@@ -171,11 +182,12 @@ impl Subscription {
                 // hands over no decoded message.
                 Ok(delivery) => {
                     let (info, _) = delivery.into_parts();
-                    Received::Undecodable {
-                        info,
+                    Received::Unhandled(Unread {
+                        unhandled: Unhandled::Unreadable,
+                        info: Some(info),
                         reason: "the link decoded it unasked".to_owned(),
                         payload: bytes::Bytes::new(),
-                    }
+                    })
                 }
                 Err(RecvError::MessageDecode(undecoded)) => {
                     match AmqpMessage::decode_measured(&undecoded.payload) {
@@ -188,17 +200,25 @@ impl Subscription {
                                 .saturating_add(usize::try_from(decoded).unwrap_or(usize::MAX)),
                             payload: undecoded.payload,
                         })),
-                        Err(failure) => Received::Undecodable {
-                            info: undecoded.info,
-                            reason: failure.to_string(),
+                        Err(failure) => Received::Unhandled(Unread {
+                            unhandled: Unhandled::Unreadable,
+                            info: Some(undecoded.info),
+                            reason: format!("not a readable AMQP message: {failure}"),
                             payload: undecoded.payload,
-                        },
+                        }),
                     }
                 }
-                Err(RecvError::MessageSizeExceeded(exceeded)) => Received::Oversized {
-                    size: exceeded.size,
-                    max_size: exceeded.max_size,
-                },
+                Err(RecvError::MessageSizeExceeded(exceeded, info)) => {
+                    Received::Unhandled(Unread {
+                        unhandled: Unhandled::Oversized,
+                        info,
+                        reason: format!(
+                            "{} bytes is over the mount's max_message_size of {}",
+                            exceeded.size, exceeded.max_size
+                        ),
+                        payload: bytes::Bytes::new(),
+                    })
+                }
                 Err(e) if e.recovery() == ErrorRecovery::UseLink => {
                     tracing::warn!(address = self.address, error = %e, "receiver: a transfer was refused; the link stays");
                     continue;
@@ -237,15 +257,20 @@ impl Subscription {
 
     /// Sends one disposition for unsettled deliveries: a run of
     /// consecutive delivery ids goes out as one frame, and the link's credit
-    /// is renewed once for all of them.
+    /// is renewed once for all of them. A `rejected` for deliveries read by
+    /// no handler says why (`unread`).
     pub async fn settle_all(
         &self,
         infos: Vec<DeliveryInfo>,
         disposition: Disposition,
+        unread: Option<(Unhandled, &str)>,
     ) -> Result<(), BrokerError> {
         let sent = match disposition {
             Disposition::Accepted => self.receiver.accept_all(infos).await,
-            Disposition::Rejected => self.receiver.reject_all(infos, None).await,
+            Disposition::Rejected => {
+                let error = unread.map(|(unhandled, reason)| rejection(unhandled, reason));
+                self.receiver.reject_all(infos, error).await
+            }
             Disposition::Released => self.receiver.release_all(infos).await,
             Disposition::Modified => {
                 let modified = Modified {
@@ -265,31 +290,6 @@ impl Subscription {
     /// Settles this receiver's deliveries from another task.
     pub fn disposer(&self) -> fe2o3_amqp::ReceiverDisposer {
         self.receiver.disposer()
-    }
-
-    /// Rejects a delivery that is not a readable AMQP message, saying why;
-    /// accepts it (dropped) where `rejected_requeues`: the broker would put
-    /// it back.
-    pub async fn reject_undecodable(
-        &self,
-        info: DeliveryInfo,
-        reason: &str,
-        rejected_requeues: bool,
-    ) -> Result<(), BrokerError> {
-        // The description reaches the broker in a frame of its own: cut to
-        // a length any broker takes.
-        let description = text::bounded(reason.to_owned(), text::DESCRIPTION_BYTES);
-        let error = definitions::Error::new(AmqpError::DecodeError, Some(description), None);
-        // A broker that would put it back gets nothing to hand out again.
-        let settled = if rejected_requeues {
-            self.receiver.accept(info).await
-        } else {
-            self.receiver.reject(info, error).await
-        };
-        settled.map_err(|source| BrokerError::Settle {
-            address: self.address.clone(),
-            source,
-        })
     }
 
     /// Detaches the link (the broker requeues whatever is still
@@ -318,7 +318,7 @@ impl Subscription {
 /// delete it once no other link consumes from it. Messages it held are
 /// gone with it.
 pub async fn end_subscription(
-    endpoint: &super::Endpoint,
+    endpoint: &wharf_core::endpoint::Endpoint,
     connect: &super::ConnectOptions,
     address: &str,
     name: &str,
@@ -374,11 +374,17 @@ pub struct ProbeTarget<'a> {
 /// offered and each attach's result (what its links offered, or the error
 /// in words), in order.
 pub async fn probe(
-    endpoint: &super::Endpoint,
+    endpoint: &wharf_core::endpoint::Endpoint,
     connect: &super::ConnectOptions,
     targets: &[ProbeTarget<'_>],
     timeout: std::time::Duration,
-) -> Result<(super::BrokerOffers, Vec<Result<super::LinkOffers, String>>), BrokerError> {
+) -> Result<
+    (
+        super::BrokerOffers,
+        Vec<Result<wharf_core::settlement::LinkOffers, String>>,
+    ),
+    BrokerError,
+> {
     let mut connection = super::BrokerConnection::open(endpoint, connect).await?;
     let offers = connection.offers().clone();
     let mut results = Vec::with_capacity(targets.len());
@@ -436,7 +442,7 @@ pub async fn probe(
                     }
                     _ => false,
                 };
-                results.push(Ok(super::LinkOffers {
+                results.push(Ok(wharf_core::settlement::LinkOffers {
                     modified_supported,
                     delayed_delivery: delayed_delivery || offers.delayed_delivery,
                 }));

@@ -12,8 +12,6 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-pub use wharf_core::tls::{TlsError, client_config};
-
 /// Makes a TLS session on `stream`, checking the broker's certificate
 /// against `server_name`. The error says what was wrong with the
 /// certificate in words an operator can act on.

@@ -35,6 +35,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::sync::Locked;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Epoch ticks a call may run before it counts as long-running (about
@@ -101,12 +102,12 @@ impl CpuUse {
                 .acquire_owned()
                 .await
                 .expect("lane semaphores are never closed");
-            *lock(&held) = Some(permit);
+            *held.locked() = Some(permit);
         }))
     }
 
     fn release(&mut self) {
-        lock(&self.held).take();
+        self.held.locked().take();
     }
 }
 
@@ -352,7 +353,7 @@ impl TurnState {
             if self.waiting[next].1.is_empty() {
                 self.waiting.swap_remove(next);
             }
-            let mut ticket_state = lock(&ticket.state);
+            let mut ticket_state = ticket.state.locked();
             match std::mem::replace(&mut *ticket_state, TicketState::Granted) {
                 TicketState::Gone => *ticket_state = TicketState::Gone,
                 TicketState::Waiting => {}
@@ -385,7 +386,7 @@ impl Turns {
     /// A turn at once, or a ticket to wait with.
     fn take(&self, lane: &Arc<Lane>, now: Instant) -> Result<(), Arc<Ticket>> {
         let now = micros(now);
-        let mut state = lock(&self.state);
+        let mut state = self.state.locked();
         state.sweep(now);
         state.note_asked(lane, now);
         let result =
@@ -417,7 +418,7 @@ impl Turns {
     fn give_back(&self, lane: &Lane, ran: Duration, now: Instant) {
         let ran = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
         let now = micros(now);
-        let mut state = lock(&self.state);
+        let mut state = self.state.locked();
         lane.charge(ran, now);
         lane.holding.fetch_sub(1, Ordering::Relaxed);
         state.free += 1;
@@ -430,7 +431,7 @@ impl Turns {
     /// no turn given back may come to do it.
     fn allowance_back(&self, lane: &Lane, now: Instant) {
         let now = micros(now);
-        let mut state = lock(&self.state);
+        let mut state = self.state.locked();
         lane.spent(now);
         let wakers = state.dispatch(now);
         drop(state);
@@ -490,7 +491,7 @@ impl<F: Future> Future for OnCpu<F> {
             this.ticket = Some(ticket);
         }
         if let Some(ticket) = &this.ticket {
-            let mut state = lock(&ticket.state);
+            let mut state = ticket.state.locked();
             if !matches!(*state, TicketState::Granted) {
                 *state = TicketState::Parked(cx.waker().clone());
                 drop(state);
@@ -512,7 +513,7 @@ impl<F: Future> Future for OnCpu<F> {
 impl<F> Drop for OnCpu<F> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
-            let mut state = lock(&ticket.state);
+            let mut state = ticket.state.locked();
             if matches!(*state, TicketState::Granted) {
                 drop(state);
                 TURNS.give_back(&self.lane, Duration::ZERO, Instant::now());
@@ -521,12 +522,6 @@ impl<F> Drop for OnCpu<F> {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
@@ -544,7 +539,7 @@ mod tests {
     }
 
     fn granted(ticket: &Ticket) -> bool {
-        matches!(*lock(&ticket.state), TicketState::Granted)
+        matches!(*ticket.state.locked(), TicketState::Granted)
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -607,7 +602,7 @@ mod tests {
         turns.take(&a, at(0)).expect("a free turn");
         let gone = turns.take(&b, at(0)).expect_err("no free turn");
         let next = turns.take(&a, at(0)).expect_err("no free turn");
-        *lock(&gone.state) = TicketState::Gone;
+        *gone.state.locked() = TicketState::Gone;
         turns.give_back(&a, MS, at(0));
         assert!(granted(&next));
         turns.give_back(&a, MS, at(0));

@@ -14,7 +14,8 @@ use super::grants;
 use super::instances::InstanceSlots;
 use super::module::{Compiled, LoadError, Module};
 use super::store::StoreState;
-use crate::config::Mount;
+use crate::sync::Locked;
+use wharf_core::config::Mount;
 
 /// How often the epoch advances. A running handler yields to the async
 /// runtime at every tick and its deadline is checked then, so this bounds
@@ -148,10 +149,7 @@ impl Sandbox {
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Compiled>>> {
-        self.inner
-            .compiled
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.compiled.locked()
     }
 }
 

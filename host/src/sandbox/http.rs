@@ -25,8 +25,8 @@ use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::store::InstanceSetup;
-use crate::grants::{Guarded, Host, Target};
 use crate::telemetry::{Kind, Telemetry};
+use wharf_core::grants::{Guarded, Host, Target};
 use wharf_core::text::shown;
 use wharf_core::trace::{TRACEPARENT, TRACESTATE, TraceContext};
 
@@ -158,10 +158,7 @@ impl HttpGate {
     }
 
     fn refuse(&self, target: &Target, why: &str) -> Error {
-        let tags = &self.setup.tags;
         tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             "HTTP request to {} refused: {why}",
             shown(&target.to_string())
         );
@@ -370,7 +367,7 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, Error> {
     static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            crate::broker::tls::client_config(&Default::default()).map_err(|e| e.to_string())
+            wharf_core::tls::client_config(&Default::default()).map_err(|e| e.to_string())
         })
         .clone()
         .map_err(|e| {
@@ -391,10 +388,7 @@ impl WasiHttpHooks for HttpGate {
         _response_errors: IoFuture,
     ) -> Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send> {
         let Some(permits) = self.connection_permits() else {
-            let tags = &self.setup.tags;
             tracing::debug!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
                 "HTTP request refused: the instance or the tenant holds its most connections"
             );
             return Box::new(async { Err(Error::ConnectionLimitReached) });

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::Grants;
 use super::bindings::{Handler, HandlerPre};
 use super::cpu::{CpuLane, OnCpu};
 use super::http::HttpTrace;
@@ -16,9 +15,12 @@ use super::module::{Failure, LogTags, Module};
 use super::outbox::{Outgoing, Owners};
 use super::share::TenantShare;
 use super::store::{InstanceSetup, StoreState};
-use super::{Delivery, InstancePolicy, Outcome};
+use super::{Delivery, Outcome};
+use crate::sync::Locked;
 use crate::telemetry::Telemetry;
 use wharf_core::brokers::BrokerKind;
+use wharf_core::config::InstancePolicy;
+use wharf_core::grants::Grants;
 use wharf_core::trace::TraceContext;
 
 /// The budget of one handler call.
@@ -79,7 +81,7 @@ type IdleList = Mutex<Vec<Instance>>;
 
 impl Kept {
     fn register(&self, list: &Arc<IdleList>) {
-        let mut lists = lock(&self.inner.lists);
+        let mut lists = self.inner.lists.locked();
         lists.retain(|list| list.strong_count() > 0);
         lists.push(Arc::downgrade(list));
     }
@@ -91,14 +93,17 @@ impl Kept {
 
     /// Drops the longest-idle kept instance; false when none is kept.
     fn drop_one(&self) -> bool {
-        let lists: Vec<Arc<IdleList>> = lock(&self.inner.lists)
+        let lists: Vec<Arc<IdleList>> = self
+            .inner
+            .lists
+            .locked()
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
         let oldest = lists
             .iter()
             .filter_map(|list| {
-                let since = lock(list).first().map(|instance| instance.idle_since)?;
+                let since = list.locked().first().map(|instance| instance.idle_since)?;
                 Some((since, list))
             })
             .min_by_key(|(since, _)| *since);
@@ -106,7 +111,7 @@ impl Kept {
             return false;
         };
         let dropped = {
-            let mut idle = lock(list);
+            let mut idle = list.locked();
             (!idle.is_empty()).then(|| idle.remove(0))
         };
         // A list emptied since it was looked at still made progress.
@@ -145,12 +150,6 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Room in the host's instance pool, shared by every mount: a delivery
@@ -578,6 +577,6 @@ impl Instances {
     }
 
     fn idle_list(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
-        lock(&self.idle)
+        self.idle.locked()
     }
 }

@@ -29,10 +29,6 @@ pub use instances::{
 pub use module::{Failure, LoadError, LogTags, Module};
 pub use outbox::{Outgoing, Owners};
 pub use share::{GuestLog, TenantShare};
-pub use wharf_core::config::InstancePolicy;
-pub use wharf_core::grants::{
-    AddressPattern, BadHttpPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
-};
 
 /// Bindings generated from `wit/handler.wit`.
 pub mod bindings {
@@ -81,6 +77,45 @@ impl From<wharf_core::message::Delivery> for Delivery {
             mount: delivery.mount,
             attempt: delivery.attempt,
             presettled: delivery.presettled,
+        }
+    }
+}
+
+impl From<OutboxMessage> for wharf_core::message::OutputMessage {
+    fn from(message: OutboxMessage) -> wharf_core::message::OutputMessage {
+        wharf_core::message::OutputMessage {
+            body: message.body,
+            content_type: message.content_type,
+            subject: message.subject,
+            message_id: message.message_id,
+            correlation_id: message.correlation_id,
+            properties: message
+                .properties
+                .into_iter()
+                .map(|p| wharf_core::message::Property {
+                    key: p.key,
+                    value: p.value.into(),
+                })
+                .collect(),
+            durable: message.durable,
+            delay: message.delay,
+        }
+    }
+}
+
+impl From<Value> for wharf_core::message::PropertyValue {
+    fn from(value: Value) -> wharf_core::message::PropertyValue {
+        use wharf_core::message::PropertyValue as V;
+        match value {
+            Value::String(s) => V::String(s),
+            Value::Int(n) => V::Int(n),
+            Value::Uint(n) => V::Uint(n),
+            Value::Float(f) => V::Float(f),
+            Value::Boolean(b) => V::Boolean(b),
+            Value::Bytes(b) => V::Bytes(b),
+            Value::Timestamp(ms) => V::Timestamp(ms),
+            Value::Null => V::Null,
+            Value::Other(text) => V::Other(text),
         }
     }
 }

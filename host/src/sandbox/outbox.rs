@@ -6,12 +6,14 @@ use std::sync::{Arc, RwLock};
 
 use wharf_core::brokers::BrokerKind;
 use wharf_core::grants::{AddressOwners, Refusal};
+use wharf_core::message::OutputMessage;
 use wharf_core::message::reserved_property;
 use wharf_core::text::{SHOWN_BYTES, Untrusted, shown};
 
 use super::bindings::wharf::handler::outbox::{Host, Message, SendError};
 use super::store::StoreState;
 use super::{Delivery, Value};
+use crate::sync::ReadWrite;
 
 /// What every tenant of the host owns, shared by all instances and replaced
 /// when the config is reloaded: no tenant's reply may reach another's.
@@ -21,11 +23,11 @@ pub struct Owners(Arc<RwLock<Arc<AddressOwners>>>);
 impl Owners {
     /// Replaces what the tenants own, for every instance at once.
     pub fn replace(&self, owners: AddressOwners) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(owners);
+        *self.0.writing() = Arc::new(owners);
     }
 
     fn current(&self) -> Arc<AddressOwners> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.reading().clone()
     }
 }
 
@@ -42,7 +44,7 @@ pub struct Outgoing {
     /// checked as the broker reads it.
     pub address: Untrusted,
     /// What goes.
-    pub message: Message,
+    pub message: OutputMessage,
 }
 
 /// What one call has sent so far, and what it may still send.
@@ -146,7 +148,10 @@ impl StoreState {
             return Err(SendError::TooLarge);
         }
         outbox.bytes = bytes;
-        outbox.outputs.push(Outgoing { address, message });
+        outbox.outputs.push(Outgoing {
+            address,
+            message: message.into(),
+        });
         Ok(())
     }
 
@@ -160,13 +165,10 @@ impl StoreState {
     }
 
     fn denied(&self, what: &str, address: &Untrusted, why: &str) -> Result<(), SendError> {
-        let tags = &self.setup.tags;
         // Charged to the tenant's log_rate: a handler asking again and
         // again cannot flood the log.
         if self.setup.log.take(why.len() + SHOWN_BYTES) {
             tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
                 address = %address,
                 "the handler's {what} was denied: {why}"
             );

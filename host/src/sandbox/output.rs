@@ -9,8 +9,9 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-use super::Output;
 use super::store::{InstanceSetup, MAX_LOG_LINE};
+use crate::sync::Locked;
+use wharf_core::grants::Output;
 use wharf_core::text::shown_up_to;
 
 /// Bytes of output kept per stream and delivery; the rest is counted and
@@ -47,9 +48,7 @@ impl LogOutput {
     }
 
     fn lines(&self) -> std::sync::MutexGuard<'_, Lines> {
-        self.lines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.lines.locked()
     }
 }
 
@@ -89,11 +88,8 @@ impl Lines {
             return;
         }
         let text = String::from_utf8_lossy(line);
-        let tags = &self.setup.tags;
         tracing::info!(
             target: "wharf::guest",
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             stream = self.stream,
             "{}",
             shown_up_to(&text, MAX_LOG_LINE)
@@ -109,10 +105,7 @@ impl Lines {
         }
         if self.dropped > 0 {
             self.setup.output_dropped(self.dropped);
-            let tags = &self.setup.tags;
             tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
                 stream = self.stream,
                 dropped_bytes = self.dropped,
                 "handler output past its allowance ({MAX_OUTPUT} bytes per stream and delivery, the tenant's log_rate) was dropped"

@@ -9,7 +9,8 @@ use tokio::time::Instant;
 use super::cpu::CpuLane;
 use super::http::HttpConnections;
 use super::instances::MemoryBudget;
-use crate::config::{LogLevel, TenantBudget};
+use crate::sync::Locked;
+use wharf_core::config::{LogLevel, TenantBudget};
 
 /// One tenant's share of the host, as its instances see it.
 #[derive(Clone)]
@@ -68,7 +69,7 @@ impl GuestLog {
 
     /// Whether a line of `bytes` may be logged now; if so it is counted.
     pub(crate) fn take(&self, bytes: usize) -> bool {
-        let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bucket = self.bucket.locked();
         let now = Instant::now();
         let refill = now.duration_since(bucket.filled).as_secs_f64() * bucket.per_second;
         bucket.bytes = (bucket.bytes + refill).min(bucket.per_second);

@@ -7,7 +7,6 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::Grants;
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
 use super::http::{HttpConnections, HttpGate};
@@ -15,7 +14,8 @@ use super::module::LogTags;
 use super::outbox::{Outbox, Owners};
 use super::output::LogOutput;
 use super::share::GuestLog;
-use crate::config::LogLevel;
+use wharf_core::config::LogLevel;
+use wharf_core::grants::Grants;
 use wharf_core::text::shown_up_to;
 
 /// Longest guest log line kept (from the `log` import or its output
@@ -164,8 +164,6 @@ impl StoreState {
             .swap(true, Ordering::Relaxed)
         {
             tracing::info!(
-                tenant = &*self.setup.tags.tenant,
-                mount = &*self.setup.tags.mount,
                 "the handler read wasi:cli/environment, which is empty unless the mount grants `env`"
             );
         }

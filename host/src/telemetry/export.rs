@@ -11,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use crate::config::{OtlpProtocol, Telemetry as TelemetryConfig};
+use wharf_core::config::{OtlpProtocol, Telemetry as TelemetryConfig};
 use wharf_core::endpoint::percent_decode;
 
 /// The gRPC method spans are exported with.

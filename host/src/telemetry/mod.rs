@@ -1,7 +1,7 @@
 //! Spans of what the host does with each delivery, exported over OTLP.
 //!
 //! wharf records its spans itself, with the ids it already carries on the
-//! messages it publishes (see [`crate::trace`]), writes each in OTLP's
+//! messages it publishes (see [`wharf_core::trace`]), writes each in OTLP's
 //! protobuf form as it is recorded ([`protobuf`]) and sends batches from a
 //! task of its own ([`export`]). A span that finds the queue full is
 //! dropped and counted, never waited for, so a slow or absent collector
@@ -12,7 +12,7 @@ mod protobuf;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::KeyValue;
@@ -22,12 +22,13 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ParentMode, Telemetry as TelemetryConfig};
 use crate::logging::{Repeats, Tell};
-use crate::sampler::{SAMPLED, Sampler};
-use crate::trace::TraceContext;
+use crate::sync::Locked;
 pub use export::Destination;
 pub use protobuf::Attribute;
+use wharf_core::config::{ParentMode, Telemetry as TelemetryConfig};
+use wharf_core::sampler::{SAMPLED, Sampler};
+use wharf_core::trace::TraceContext;
 
 /// The kinds of span wharf records.
 pub use opentelemetry::trace::SpanKind as Kind;
@@ -218,10 +219,7 @@ impl Queue {
 
     fn push(&self, span: &[u8]) {
         let waiting = &*self.0;
-        let mut batches = waiting
-            .batches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut batches = waiting.batches.locked();
         if batches.closed || batches.queued >= waiting.max_queue {
             drop(batches);
             waiting.dropped.inc();
@@ -249,11 +247,7 @@ impl Queue {
 
     /// The oldest full batch, or when `partial` the one being filled.
     fn take(&self, partial: bool) -> Option<Batch> {
-        let mut batches = self
-            .0
-            .batches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut batches = self.0.batches.locked();
         let batch = match batches.full.pop_front() {
             Some(batch) => batch,
             None if partial && batches.filling.count > 0 => std::mem::take(&mut batches.filling),
@@ -265,11 +259,7 @@ impl Queue {
 
     /// Takes no more spans.
     fn close(&self) {
-        self.0
-            .batches
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .closed = true;
+        self.0.batches.locked().closed = true;
     }
 }
 
@@ -564,7 +554,7 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::Decision;
+    use wharf_core::sampler::Decision;
 
     fn resolve(
         config: &str,

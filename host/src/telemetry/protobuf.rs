@@ -13,7 +13,7 @@
 use opentelemetry::trace::SpanKind;
 use opentelemetry::{Array, Value};
 
-use crate::trace::TraceContext;
+use wharf_core::trace::TraceContext;
 
 const VARINT: u32 = 0;
 const FIXED64: u32 = 1;

@@ -9,8 +9,9 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::config::TenantBudget;
 use crate::sandbox::TenantShare;
+use crate::sync::Locked;
+use wharf_core::config::TenantBudget;
 
 /// The semaphores behind a tenant's budget; `None` where it sets no limit.
 pub(crate) struct TenantLimits {
@@ -46,7 +47,7 @@ impl Pace {
     /// spacing, less the burst.
     async fn wait(&self) {
         let at = {
-            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            let mut next = self.next.locked();
             let slot = (*next).max(Instant::now());
             *next = slot + self.interval;
             slot.checked_sub(Pace::BURST).unwrap_or(slot)

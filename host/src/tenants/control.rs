@@ -18,11 +18,12 @@ use super::reload::{self, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
 use super::{load_modules, warn_if_pool_short};
 use crate::admin::{Health, Metrics};
-use crate::broker::{BrokerPool, ConnectOptions, Endpoint};
-use crate::config::{Broker, Config, Mount, Node, SaslMechanism, SubscriptionKind, Tenant};
+use crate::broker::{BrokerPool, ConnectOptions};
 use crate::events::{ConfigChange, Event};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
 use crate::telemetry::Telemetry;
+use wharf_core::config::{Broker, Config, Mount, Node, SaslMechanism, SubscriptionKind, Tenant};
+use wharf_core::endpoint::Endpoint;
 
 /// What the [`super::RunningHost`] asks of the control task.
 pub(super) enum Command {

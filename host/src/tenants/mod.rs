@@ -19,13 +19,13 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AdminServer, Health, Metrics};
-use crate::config::Config;
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
 use crate::sandbox::{
     CallLimits, Instances, LoadError, LogTags, Module, Owners, Sandbox, TenantShare,
 };
 use crate::telemetry::{Exporter, Settings, Telemetry};
 use control::{Command, Control};
+use wharf_core::config::Config;
 
 /// How long a stopping host waits for its last spans to be exported.
 const EXPORT_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
@@ -88,7 +88,7 @@ impl Host {
     pub async fn load(config: Config) -> Result<Host, HostError> {
         warn_if_pool_short(&config);
         let sandbox = Sandbox::new(config.host.max_instances)
-            .map_err(|e| HostError::Engine(crate::words::chain(e.chain())))?;
+            .map_err(|e| HostError::Engine(wharf_core::words::chain(e.chain())))?;
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
         probe_modules(&sandbox, &config, &modules)
             .await

@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::{Broker, Config, Mount, TenantBudget};
 use crate::events::ConfigChange;
+use wharf_core::config::{Broker, Config, Mount, TenantBudget};
 
 /// `(tenant, mount)`.
 pub(crate) type MountKey = (String, String);

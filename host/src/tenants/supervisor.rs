@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::{Backoff, BackoffPolicy};
 pub use crate::events::LinkState as State;
+use wharf_core::backoff::{Backoff, BackoffPolicy};
 
 /// How long something must stay up before its earlier failures are
 /// forgotten, so one that fails at once after every attach still backs off.
@@ -19,16 +19,19 @@ pub const STABLE_AFTER: Duration = Duration::from_secs(10);
 pub trait Supervised: Send {
     /// What an attach gives.
     type Up: Send;
+    /// Why an attach failed or a run ended.
+    type Error: std::fmt::Display + Send;
 
     /// One attempt to attach.
-    fn attach(&mut self) -> impl Future<Output = Result<Self::Up, String>> + Send;
+    fn attach(&mut self) -> impl Future<Output = Result<Self::Up, Self::Error>> + Send;
 
     /// Runs until it ends: `Some(error)` when it ended on its own, `None`
     /// when it stopped because it was asked to.
-    fn run(&mut self, up: Self::Up) -> impl Future<Output = Option<String>> + Send;
+    fn run(&mut self, up: Self::Up) -> impl Future<Output = Option<Self::Error>> + Send;
 
-    /// Hears every change of state.
-    fn report(&mut self, state: State);
+    /// Hears every change of state and, with a back-off, the failure it
+    /// follows.
+    fn report(&mut self, state: State, failure: Option<&Self::Error>);
 }
 
 /// Attaches `thing` and runs it, again and again, backing off between
@@ -41,14 +44,14 @@ pub async fn supervise<S: Supervised>(
 ) {
     let mut backoff = Backoff::new(policy);
     while !stop.is_cancelled() {
-        thing.report(State::Attaching);
+        thing.report(State::Attaching, None);
         let attached = tokio::select! {
             attached = thing.attach() => attached,
             () = stop.cancelled() => break,
         };
         let error = match attached {
             Ok(up) => {
-                thing.report(State::Up);
+                thing.report(State::Up, None);
                 let since = Instant::now();
                 let ended = thing.run(up).await;
                 if since.elapsed() >= STABLE_AFTER {
@@ -65,13 +68,17 @@ pub async fn supervise<S: Supervised>(
             break;
         }
         let wait = backoff.next_wait();
-        thing.report(State::BackingOff { error, wait });
+        let state = State::BackingOff {
+            error: error.to_string(),
+            wait,
+        };
+        thing.report(state, Some(&error));
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             () = stop.cancelled() => break,
         }
     }
-    thing.report(State::Stopped);
+    thing.report(State::Stopped, None);
 }
 
 #[cfg(test)]
@@ -137,6 +144,7 @@ mod tests {
 
     impl Supervised for Fake {
         type Up = ();
+        type Error = String;
 
         async fn attach(&mut self) -> Result<(), String> {
             self.attaches += 1;
@@ -161,7 +169,10 @@ mod tests {
             }
         }
 
-        fn report(&mut self, state: State) {
+        fn report(&mut self, state: State, failure: Option<&String>) {
+            if let State::BackingOff { error, .. } = &state {
+                assert_eq!(Some(error), failure);
+            }
             self.states.push(state);
         }
     }

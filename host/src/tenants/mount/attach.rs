@@ -5,17 +5,19 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::MountSpec;
-use crate::broker::management::{QueueInfo, QueueKind};
+use crate::broker::management::QueueInfo;
 use crate::broker::{
-    AttachFailure, BrokerError, BrokerKind, BrokerPool, CLOSE_TIMEOUT, LinkOffers, OutputsOn,
-    PooledSession, Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription,
-    TransactionsOn, outputs_in_transactions, policy_for,
-};
-use crate::config::{
-    DelayChoice, Node, RetryChoice, RetryCopiesTo, SubscriptionKind, TopicSubscription,
+    AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, OutputsOn, PooledSession, Publisher,
+    PublisherTask, ReceiverOptions, SenderTarget, Subscription, TransactionsOn,
 };
 use crate::events::Event;
-use crate::settlement::{Policy, RetryPath};
+use wharf_core::brokers::BrokerKind;
+use wharf_core::brokers::QueueKind;
+use wharf_core::config::{
+    DelayChoice, Node, RetryChoice, RetryCopiesTo, SubscriptionKind, TopicSubscription,
+};
+use wharf_core::settlement::{LinkOffers, outputs_in_transactions, policy_for};
+use wharf_core::settlement::{Policy, RetryPath};
 
 /// Everything a mount's delivery tasks share while its links are up.
 pub(crate) struct MountContext {
@@ -232,8 +234,6 @@ impl Links {
         let kind = session.offers.kind();
         let policy = policy(&spec, kind, offered, queue.as_ref());
         tracing::info!(
-            tenant = &*spec.tags.tenant,
-            mount = &*spec.tags.mount,
             address = mount.address,
             subscription = mount
                 .subscription
@@ -315,29 +315,22 @@ fn policy(
     queue: Option<&QueueInfo>,
 ) -> Policy {
     let mount = &spec.config;
-    let tags = &spec.tags;
     if kind.requeues_rejected() && mount.dead_letter.is_none() {
         tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             "the broker puts `rejected` deliveries back on the queue: without a `dead_letter` address, dropped and exhausted messages are accepted and gone"
         );
     }
     if mount.retry == Some(RetryChoice::Modified) && !links.modified_supported {
         tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             "`retry = \"modified\"`, but the broker does not offer `modified` here: retries are copies"
         );
     }
     if mount.delay == Some(DelayChoice::Scheduled) && !links.delayed_delivery {
         tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             "`delay = \"scheduled\"`, but the broker does not offer DELAYED_DELIVERY: copies may arrive early"
         );
     }
-    policy_for(mount, kind, links, queue)
+    policy_for(mount, kind, links, queue.map(|q| &q.kind))
 }
 
 /// A quorum queue dead-letters on its own once a message was delivered
@@ -355,10 +348,7 @@ fn warn_of_delivery_limit(spec: &MountSpec, queue: Option<&QueueInfo>) {
     if let Some(max_attempts) = spec.config.max_attempts
         && u64::from(max_attempts) > limit
     {
-        let tags = &spec.tags;
         tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             queue = name,
             max_attempts,
             delivery_limit = limit,

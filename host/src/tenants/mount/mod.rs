@@ -11,6 +11,7 @@
 mod attach;
 mod deliver;
 mod receive;
+mod report;
 mod settle;
 
 use std::collections::HashMap;
@@ -20,22 +21,25 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::budget::{Buffered, TenantLimits};
 use super::supervisor::{self, State, Supervised};
 use crate::admin::{Health, MountMetrics};
-use crate::backoff::{Backoff, BackoffPolicy};
-use crate::broker::management::{self, QueueInfo, QueueKind};
-use crate::broker::message::{AmqpMessage, RetryKey};
+use crate::broker::management::{self, QueueInfo};
 use crate::broker::{BrokerError, BrokerOffers, BrokerPool};
-use crate::config::{Broker, Mount};
 use crate::events::Event;
 use crate::logging::{Repeats, Tell, human};
 use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owners};
-use crate::settlement::Counters;
+use crate::sync::{Locked, ReadWrite};
 use crate::telemetry::Telemetry;
 pub(crate) use attach::AttachedMount;
 use attach::Links;
+use wharf_core::backoff::{Backoff, BackoffPolicy};
+use wharf_core::brokers::QueueKind;
+use wharf_core::config::{Broker, Mount};
+use wharf_core::message::{AmqpMessage, RetryKey};
+use wharf_core::settlement::Counters;
 use wharf_core::text::shown;
 
 /// The module a mount runs, swapped whole when its file changes: deliveries
@@ -53,18 +57,12 @@ impl ModuleSlot {
 
     /// The instances new deliveries use.
     pub(crate) fn current(&self) -> Arc<Instances> {
-        self.current
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.current.reading().clone()
     }
 
     /// Makes `instances` the ones new deliveries use.
     pub(crate) fn replace(&self, instances: Arc<Instances>) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = instances;
+        *self.current.writing() = instances;
     }
 }
 
@@ -97,6 +95,8 @@ pub(crate) fn instances_for(
 /// a failure reuses it.
 pub(crate) struct MountSpec {
     pub(crate) tags: Arc<LogTags>,
+    /// The span every line about the mount sits in ([`report::mount_span`]).
+    pub(crate) span: tracing::Span,
     pub(crate) config: Mount,
     pub(crate) broker: Broker,
     pub(crate) module: Arc<ModuleSlot>,
@@ -194,6 +194,7 @@ impl MountSpec {
                 initial: Duration::from_millis(500),
                 max: Duration::from_secs(30),
             })),
+            span: report::mount_span(&tags),
             tags,
             config,
             broker,
@@ -252,7 +253,7 @@ impl MountSpec {
             return;
         }
         let attempt = counters.attempt();
-        let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut returned = self.returned.locked();
         let key = digest(&id);
         let Some(last) = returned.get_mut(&key) else {
             return;
@@ -269,10 +270,7 @@ impl MountSpec {
         if last.times >= UNCOUNTED_RETURNS {
             returned.clear();
             self.count_by_copy.store(true, Ordering::Relaxed);
-            let tags = &self.tags;
             tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
                 message_id = %shown(&id),
                 attempt,
                 "the broker hands `modified` deliveries back without counting them; retries are copies from now on"
@@ -286,7 +284,7 @@ impl MountSpec {
             return;
         };
         let identity = digest(&message.identity());
-        let mut returned = self.returned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut returned = self.returned.locked();
         if returned.len() >= RETURNS_REMEMBERED {
             returned.clear();
         }
@@ -316,9 +314,7 @@ impl MountSpec {
     }
 
     fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
-        self.publish_backoff
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.publish_backoff.locked()
     }
 
     /// Attaches the mount's links on a new session from `pool`.
@@ -326,15 +322,18 @@ impl MountSpec {
         self: &Arc<Self>,
         pool: &BrokerPool,
     ) -> Result<AttachedMount, Arc<BrokerError>> {
-        let session = pool.session().await?;
-        let offers = session.offers.clone();
-        let links = Links::attach(self.clone(), session, pool.clone())
-            .await
-            .map_err(Arc::new)?;
-        // Asked once the receiver is attached: a v1 address declares its
-        // queue on attach.
-        let queue = self.queue(pool, &offers).await;
-        Ok(links.on_queue(queue))
+        let attach = async {
+            let session = pool.session().await?;
+            let offers = session.offers.clone();
+            let links = Links::attach(self.clone(), session, pool.clone())
+                .await
+                .map_err(Arc::new)?;
+            // Asked once the receiver is attached: a v1 address declares
+            // its queue on attach.
+            let queue = self.queue(pool, &offers).await;
+            Ok(links.on_queue(queue))
+        };
+        attach.instrument(self.span.clone()).await
     }
 
     /// What kind of queue the mount consumes from, where the broker can
@@ -344,11 +343,10 @@ impl MountSpec {
         if self.config.retry.is_some() || !is_rabbitmq_4(offers) {
             return None;
         }
-        if let Some(known) = self.queue.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(known) = self.queue.locked().clone() {
             return known;
         }
         let queue = management::queue_of(&self.config.address)?;
-        let tags = &self.tags;
         let asked = match pool.session().await {
             Ok(session) => {
                 management::queue_info(session, &queue, self.broker.attach_timeout).await
@@ -358,12 +356,7 @@ impl MountSpec {
         let known = match asked {
             Ok(Some(info)) => Some(info),
             Ok(None) => {
-                tracing::warn!(
-                    tenant = &*tags.tenant,
-                    mount = &*tags.mount,
-                    queue,
-                    "the broker knows no such queue; retries are copies"
-                );
+                tracing::warn!(queue, "the broker knows no such queue; retries are copies");
                 Some(QueueInfo {
                     name: queue,
                     kind: QueueKind::Other("missing".to_owned()),
@@ -372,8 +365,6 @@ impl MountSpec {
             }
             Err(error) => {
                 tracing::warn!(
-                    tenant = &*tags.tenant,
-                    mount = &*tags.mount,
                     queue,
                     "cannot ask the broker what kind of queue this is ({error}); retries are copies"
                 );
@@ -384,7 +375,7 @@ impl MountSpec {
                 })
             }
         };
-        *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = Some(known.clone());
+        *self.queue.locked() = Some(known.clone());
         known
     }
 }
@@ -400,6 +391,7 @@ pub(crate) async fn supervise(
     health: Arc<Health>,
 ) {
     let policy = spec.broker.reconnect;
+    let span = spec.span.clone();
     let mut mount = SupervisedMount {
         spec,
         pool,
@@ -409,7 +401,9 @@ pub(crate) async fn supervise(
         permanent: false,
         repeats: Repeats::default(),
     };
-    supervisor::supervise(&mut mount, policy, &stop).await;
+    supervisor::supervise(&mut mount, policy, &stop)
+        .instrument(span)
+        .await;
 }
 
 struct SupervisedMount {
@@ -425,30 +419,32 @@ struct SupervisedMount {
 
 impl Supervised for SupervisedMount {
     type Up = AttachedMount;
+    type Error = Arc<BrokerError>;
 
-    async fn attach(&mut self) -> Result<AttachedMount, String> {
+    async fn attach(&mut self) -> Result<AttachedMount, Arc<BrokerError>> {
         match self.first.take() {
             Some(attached) => Ok(attached),
-            None => Box::pin(self.spec.attach(&self.pool)).await.map_err(|e| {
-                self.permanent = e.is_permanent();
-                e.to_string()
-            }),
+            None => Box::pin(self.spec.attach(&self.pool)).await,
         }
     }
 
-    async fn run(&mut self, attached: AttachedMount) -> Option<String> {
-        self.permanent = false;
+    async fn run(&mut self, attached: AttachedMount) -> Option<Arc<BrokerError>> {
         // Boxed, as is the attach: the mount's task then holds only the
         // state it is in, not room for both.
         Box::pin(attached.run(self.stop.clone()))
             .await
             .err()
-            .map(|e| e.to_string())
+            .map(Arc::new)
     }
 
-    fn report(&mut self, state: State) {
+    fn report(&mut self, state: State, failure: Option<&Arc<BrokerError>>) {
         let spec = self.spec.clone();
         let tags = &spec.tags;
+        match failure {
+            Some(failure) => self.permanent = failure.is_permanent(),
+            None if state == State::Up => self.permanent = false,
+            None => {}
+        }
         match &state {
             State::BackingOff { error, wait } => {
                 spec.metrics.link_down();
@@ -462,12 +458,7 @@ impl Supervised for SupervisedMount {
             State::Up => {
                 spec.metrics.link_up(true);
                 if let Some(lasted) = self.repeats.ended() {
-                    tracing::info!(
-                        tenant = &*tags.tenant,
-                        mount = &*tags.mount,
-                        "mount up again after {}",
-                        human(lasted)
-                    );
+                    tracing::info!("mount up again after {}", human(lasted));
                 }
             }
             State::Attaching | State::Stopped => spec.metrics.link_up(false),
@@ -482,44 +473,28 @@ impl SupervisedMount {
     /// when retrying cannot mend it, then a reminder at most once a minute
     /// while the same failure repeats.
     fn tell_down(&mut self, error: &str, wait: Duration) {
-        let tags = &self.spec.tags;
-        let (tenant, mount) = (&*tags.tenant, &*tags.mount);
         let retry_in = human(wait);
         match (self.repeats.happened(error), self.permanent) {
             (Tell::First, true) => tracing::error!(
-                tenant,
-                mount,
                 "mount down: {error}. Retrying will not mend this until the config or the broker changes; wharf keeps retrying (next in {retry_in}) and reminds once a minute"
             ),
             (Tell::First, false) => {
-                tracing::warn!(
-                    tenant,
-                    mount,
-                    "mount down: {error} (retrying in {retry_in})"
-                );
+                tracing::warn!("mount down: {error} (retrying in {retry_in})");
             }
             (Tell::Again { times, lasting }, permanent) => {
                 let lasting = human(lasting);
                 if permanent {
                     tracing::error!(
-                        tenant,
-                        mount,
                         "mount still down for {lasting} ({times} more attempts): {error}"
                     );
                 } else {
                     tracing::warn!(
-                        tenant,
-                        mount,
                         "mount still down for {lasting} ({times} more attempts): {error}"
                     );
                 }
             }
             (Tell::Quiet, _) => {
-                tracing::debug!(
-                    tenant,
-                    mount,
-                    "mount down: {error} (retrying in {retry_in})"
-                );
+                tracing::debug!("mount down: {error} (retrying in {retry_in})");
             }
         }
     }

@@ -6,26 +6,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use fe2o3_amqp::link::delivery::DeliveryInfo;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use std::pin::Pin;
 
 use super::MountSpec;
 use super::attach::{AttachedMount, MountContext};
-use super::deliver;
-use super::settle::{self, SettleRequest, Settler};
-use crate::broker::message;
-use crate::broker::{BrokerError, Inbound, Received, Subscription};
-use crate::config::Settle;
-use crate::events::Event;
-use crate::sandbox::LogTags;
-use crate::settlement::Disposition;
+use super::settle::{self, Arrived, NotSettled, SettleRequest, Settler};
+use super::{deliver, report};
+use crate::broker::{BrokerError, Inbound, Received, Subscription, Unread};
 use crate::tenants::budget::Room;
+use wharf_core::config::Settle;
+use wharf_core::message;
+use wharf_core::settlement::{self, Counters, Disposition};
 
 /// How often kept instances are checked for being idle too long.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
@@ -81,7 +78,7 @@ impl AttachedMount {
                     biased;
                     Some(request) = inbox.recv() => answer(&subscription, request, &mut inbox).await,
                     Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                        report_panic(joined, &spec.tags);
+                        report::panicked(joined);
                     }
                     () = &mut stopped => break None,
                     failed = &mut sender_failed => break Some(failed),
@@ -103,42 +100,21 @@ impl AttachedMount {
                             handler_slot.take(),
                             room,
                             flush.clone(),
-                        )));
+                        ).in_current_span()));
                     }
                     received = subscription.recv(), if handler_slot.is_some() && unsettled_slot.is_some() && admitting.is_none() => match received {
                         Ok(Received::Delivery(inbound)) => {
                             let unsettled = unsettled_slot.take().expect("guarded");
                             admitting = Some(admit(&spec, inbound, unsettled));
                         }
-                        Ok(Received::Undecodable { info, reason, payload }) => {
-                            let reason = format!("not a readable AMQP message: {reason}");
-                            let message_id = message::message_id_of(&payload);
-                            match &spec.config.dead_letter {
-                                // Settled like any other delivery: through
-                                // this loop, once its dead letter is in.
-                                Some(_) if spec.config.settle == Settle::AtLeastOnce => {
-                                    tasks.spawn(dead_letter_unreadable(
-                                        context.clone(),
-                                        settler.clone(),
-                                        info,
-                                        payload,
-                                        reason,
-                                        unsettled_slot.take(),
-                                    ));
-                                }
-                                _ => {
-                                    let result = subscription.reject_undecodable(info, &reason, context.policy().rejected_requeues).await;
-                                    refused(&context, message_id, reason, result.err().map(|e| e.to_string()));
-                                }
-                            }
-                        }
-                        Ok(Received::Oversized { size, max_size }) => {
-                            refused(
-                                &context,
-                                None,
-                                format!("{size} bytes is over the mount's max_message_size of {max_size}"),
-                                None,
-                            );
+                        Ok(Received::Unhandled(unread)) => {
+                            tasks.spawn(settle_unhandled(
+                                context.clone(),
+                                settler.clone(),
+                                unread,
+                                unsettled_slot.take(),
+                                flush.clone(),
+                            ).in_current_span());
                         }
                         Err(e) => break Some(e),
                     },
@@ -163,15 +139,7 @@ impl AttachedMount {
                     take_the_rest(&mut subscription, &mut tasks, handling, admitting, deadline)
                         .await;
                 }
-                drain(
-                    &subscription,
-                    &mut inbox,
-                    &mut tasks,
-                    &flush,
-                    deadline,
-                    &spec.tags,
-                )
-                .await;
+                drain(&subscription, &mut inbox, &mut tasks, &flush, deadline).await;
             }
             Some(_) => abandon(&mut tasks, &context),
         }
@@ -211,18 +179,20 @@ async fn take_the_rest(
     admitting: Option<Admitting>,
     deadline: Instant,
 ) {
-    let tags = &handling.context.spec.tags;
     let start = async |tasks: &mut JoinSet<()>, inbound: Box<Inbound>, room: Room| {
         let slot =
             tokio::time::timeout_at(deadline, handling.handlers.clone().acquire_owned()).await;
-        tasks.spawn(Box::pin(deliver::handle(
-            handling.context.clone(),
-            handling.settler.clone(),
-            *inbound,
-            slot.ok().and_then(Result::ok),
-            room,
-            handling.flush.clone(),
-        )));
+        tasks.spawn(Box::pin(
+            deliver::handle(
+                handling.context.clone(),
+                handling.settler.clone(),
+                *inbound,
+                slot.ok().and_then(Result::ok),
+                room,
+                handling.flush.clone(),
+            )
+            .in_current_span(),
+        ));
     };
     if let Some(admitting) = admitting
         && let Ok((inbound, room)) = tokio::time::timeout_at(deadline, admitting).await
@@ -246,27 +216,23 @@ async fn take_the_rest(
                 start(tasks, inbound, room).await;
                 taken += 1;
             }
-            Ok(Ok(Received::Undecodable {
-                reason, payload, ..
-            })) => refused(
-                handling.context,
-                message::message_id_of(&payload),
-                format!("not a readable AMQP message: {reason}"),
-                None,
-            ),
-            Ok(Ok(Received::Oversized { size, max_size })) => refused(
-                handling.context,
-                None,
-                format!("{size} bytes is over the mount's max_message_size of {max_size}"),
-                None,
-            ),
+            Ok(Ok(Received::Unhandled(unread))) => {
+                tasks.spawn(
+                    settle_unhandled(
+                        handling.context.clone(),
+                        handling.settler.clone(),
+                        unread,
+                        Some(unsettled),
+                        handling.flush.clone(),
+                    )
+                    .in_current_span(),
+                );
+            }
             Ok(Err(_)) | Err(_) => break,
         }
     }
     if taken > 0 {
         tracing::debug!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             taken,
             "handled deliveries the broker had already sent (at most once) before stopping"
         );
@@ -306,6 +272,20 @@ async fn answer(
     {
         requests.push(request);
     }
+    // A refused delivery's `rejected` says why: sent alone.
+    let (unread, mut requests): (Vec<_>, Vec<_>) =
+        requests.into_iter().partition(|r| r.unread.is_some());
+    for request in unread {
+        let why = request
+            .unread
+            .as_ref()
+            .map(|(u, reason)| (*u, reason.as_str()));
+        let result = subscription
+            .settle_all(vec![request.info.clone()], request.disposition, why)
+            .await
+            .map_err(|e| NotSettled::Link(Arc::new(e)));
+        let _ = request.done.send(result);
+    }
     for disposition in [
         Disposition::Accepted,
         Disposition::Rejected,
@@ -321,9 +301,9 @@ async fn answer(
         }
         let infos = these.iter().map(|r| r.info.clone()).collect();
         let result = subscription
-            .settle_all(infos, disposition)
+            .settle_all(infos, disposition, None)
             .await
-            .map_err(|e| e.to_string());
+            .map_err(|e| NotSettled::Link(Arc::new(e)));
         for request in these {
             let _ = request.done.send(result.clone());
         }
@@ -338,7 +318,6 @@ async fn drain(
     tasks: &mut JoinSet<()>,
     flush: &CancellationToken,
     deadline: Instant,
-    tags: &LogTags,
 ) {
     flush.cancel();
     let expired = tokio::time::sleep_until(deadline);
@@ -347,11 +326,9 @@ async fn drain(
         tokio::select! {
             biased;
             Some(request) = inbox.recv() => answer(subscription, request, inbox).await,
-            Some(joined) = tasks.join_next() => report_panic(joined, tags),
+            Some(joined) = tasks.join_next() => report::panicked(joined),
             () = &mut expired => {
                 tracing::warn!(
-                    tenant = &*tags.tenant,
-                    mount = &*tags.mount,
                     unfinished = tasks.len(),
                     "shutdown grace period over; unfinished deliveries are left to the broker"
                 );
@@ -371,96 +348,48 @@ fn abandon(tasks: &mut JoinSet<()>, context: &MountContext) {
     let abandoned = tasks.len();
     tasks.abort_all();
     if abandoned > 0 {
-        let tags = &context.spec.tags;
         context.spec.metrics.abandoned(abandoned as u64);
         tracing::warn!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
             abandoned,
             "link lost with deliveries in flight; the broker redelivers them"
         );
     }
 }
 
-/// Publishes an unreadable delivery to the mount's dead-letter address,
-/// then settles it.
-async fn dead_letter_unreadable(
+/// Settles a delivery no handler sees as the planner says, then reports
+/// it.
+async fn settle_unhandled(
     context: Arc<MountContext>,
     settler: Settler,
-    info: DeliveryInfo,
-    payload: Bytes,
-    reason: String,
+    unread: Unread,
     unsettled: Option<OwnedSemaphorePermit>,
+    flush: CancellationToken,
 ) {
-    let address = context
-        .spec
-        .config
-        .dead_letter
-        .as_deref()
-        .expect("spawned only for mounts with a dead-letter address");
-    let message_id = message::message_id_of(&payload);
-    let result =
-        settle::dead_letter_unreadable(&context, &settler, info, payload, &reason, address).await;
-    refused(&context, message_id, reason, result.err());
-    drop(unsettled);
-}
-
-/// What a host log line takes beside its message: time, level, target,
-/// tenant, mount and ids, about.
-const LINE_OVERHEAD: usize = 160;
-
-/// A delivery the host settled without running the handler.
-fn refused(
-    context: &MountContext,
-    message_id: Option<String>,
-    reason: String,
-    error: Option<String>,
-) {
-    let tags = &context.spec.tags;
-    context.spec.metrics.refused();
-    let line = reason.len() + error.as_ref().map_or(0, String::len) + LINE_OVERHEAD;
-    if !context.spec.tenant.may_tell(line) {
-        tracing::debug!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
-            message_id,
-            "delivery rejected without running the handler (over the tenant's log_rate): {reason}"
-        );
-    } else {
-        match &error {
-            None => tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
-                message_id,
-                "delivery rejected without running the handler: {reason}"
-            ),
-            Some(e) => tracing::error!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
-                message_id,
-                "delivery could not be rejected ({e}): {reason}"
-            ),
-        }
-    }
-    let _ = context.spec.events.send(Event::Refused {
-        tenant: tags.tenant.clone(),
-        mount: tags.mount.clone(),
-        message_id,
+    let Unread {
+        unhandled,
+        info,
         reason,
-    });
-}
-
-/// A delivery task that panicked is a bug in the host, not in the handler:
-/// its delivery stays unsettled and returns to the broker when the link
-/// detaches.
-fn report_panic(joined: Result<(), tokio::task::JoinError>, tags: &LogTags) {
-    if let Err(e) = joined
-        && e.is_panic()
-    {
-        tracing::error!(
-            tenant = &*tags.tenant,
-            mount = &*tags.mount,
-            "delivery task panicked; the delivery is left to the broker: {e}"
-        );
-    }
+        payload,
+    } = unread;
+    let message_id = message::message_id_of(&payload);
+    let plan = settlement::plan_unhandled(&context.policy(), unhandled);
+    // One that came settled has nothing left to settle or publish.
+    let error = match info {
+        Some(info) => {
+            let arrived = Arrived {
+                info,
+                message: None,
+                payload: &payload,
+                counters: Counters::default(),
+                trace: None,
+                unread: Some((unhandled, &reason)),
+            };
+            settle::carry_out(&context, &settler, &arrived, plan, &[], &flush)
+                .await
+                .error
+        }
+        None => None,
+    };
+    report::refused(&context, message_id, reason, error);
+    drop(unsettled);
 }

@@ -2,6 +2,7 @@
 //! outputs, in the order the plan gives. What a publish's answer means for
 //! the delivery is `settlement::after_publish`; this file only does it.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -10,17 +11,18 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::attach::MountContext;
+use super::report;
 use crate::admin::MountMetrics;
-use crate::broker::message::{self, AmqpMessage};
 use crate::broker::{BrokerError, Output, PublishFailure, Transactions};
 use crate::events::Event;
 use crate::sandbox::Outgoing;
-use crate::settlement::{
-    self, AfterPublish, Counters, DelayPath, Disposition, Outcome, Plan, Publish, Published,
-};
 use crate::telemetry::{Kind, Span};
 use wharf_core::address::MAX_ADDRESS_BYTES;
 use wharf_core::message::CopyOf;
+use wharf_core::message::{self, AmqpMessage};
+use wharf_core::settlement::{
+    self, AfterPublish, Counters, DelayPath, Disposition, Plan, Publish, Published, Unhandled,
+};
 use wharf_core::text::{self, shown};
 use wharf_core::trace::TraceContext;
 
@@ -34,7 +36,20 @@ pub(crate) const DEAD_LETTER_REASON: &str = "x-opt-wharf-dead-letter-reason";
 pub(super) struct SettleRequest {
     pub(super) info: DeliveryInfo,
     pub(super) disposition: Disposition,
-    pub(super) done: oneshot::Sender<Result<(), String>>,
+    /// Why no handler read it, for a delivery the host refused.
+    pub(super) unread: Option<(Unhandled, String)>,
+    pub(super) done: oneshot::Sender<Result<(), NotSettled>>,
+}
+
+/// Why a disposition was not sent.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(super) enum NotSettled {
+    /// The receive loop ended first.
+    #[error("the mount stopped before the disposition was sent")]
+    Stopped,
+    /// The link refused it.
+    #[error("{0}")]
+    Link(Arc<BrokerError>),
 }
 
 /// Sends dispositions through the receive loop.
@@ -46,16 +61,21 @@ impl Settler {
         Settler(requests)
     }
 
-    async fn settle(&self, info: DeliveryInfo, disposition: Disposition) -> Result<(), String> {
+    async fn settle(
+        &self,
+        info: DeliveryInfo,
+        disposition: Disposition,
+        unread: Option<(Unhandled, String)>,
+    ) -> Result<(), NotSettled> {
         let (done, answer) = oneshot::channel();
         let request = SettleRequest {
             info,
             disposition,
+            unread,
             done,
         };
-        let stopped = || "the mount stopped before the disposition was sent".to_owned();
-        self.0.send(request).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        self.0.send(request).map_err(|_| NotSettled::Stopped)?;
+        answer.await.map_err(|_| NotSettled::Stopped)?
     }
 }
 
@@ -63,8 +83,8 @@ impl Settler {
 pub(super) struct Arrived<'a> {
     /// What settling it needs.
     pub(super) info: DeliveryInfo,
-    /// The message, decoded.
-    pub(super) message: &'a AmqpMessage,
+    /// The message, decoded; none when it could not be.
+    pub(super) message: Option<&'a AmqpMessage>,
     /// The message as it arrived: dead letters go exactly so, copies are
     /// made from it.
     pub(super) payload: &'a Bytes,
@@ -73,6 +93,9 @@ pub(super) struct Arrived<'a> {
     /// The trace context of its handling, when its publisher sent one:
     /// what the host publishes because of it carries a child of it.
     pub(super) trace: Option<&'a TraceContext>,
+    /// Why no handler saw it, when none did: its dead letter and its
+    /// `rejected` say so.
+    pub(super) unread: Option<(Unhandled, &'a str)>,
 }
 
 /// How a delivery's plan went.
@@ -86,7 +109,8 @@ pub(super) struct Settled {
     pub(super) error: Option<String>,
 }
 
-/// Carries out `plan` for `arrived`. `flush`, once cancelled (the mount is
+/// Carries out `plan` for `arrived`, and the plan the planner gives
+/// instead when it cannot stand. `flush`, once cancelled (the mount is
 /// stopping), ends the wait of a held copy and of the pause after a failed
 /// publish.
 pub(super) async fn carry_out(
@@ -97,73 +121,54 @@ pub(super) async fn carry_out(
     outputs: &[Outgoing],
     flush: &CancellationToken,
 ) -> Settled {
-    let first = carry_out_plan(context, settler, arrived, plan, outputs, flush, None).await;
-    let tags = &context.spec.tags;
-    let (instead, reason) = match first {
-        Step::Done(settled) => return settled,
-        // The ack's outputs cannot be delivered: the attempt failed. A
-        // retry's plan publishes no outputs, so this happens once at most.
-        Step::Retry(reason) => {
-            tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
-                "the handler acknowledged, but its outputs were not delivered ({reason}): a failed attempt"
-            );
-            context.spec.metrics.outputs_undeliverable();
-            let policy = context.policy();
-            let instead = settlement::plan(&policy, &arrived.counters, Outcome::Retry);
-            (instead, reason)
+    let mut plan = plan;
+    let mut reason = arrived.unread.map(|(_, reason)| reason.to_owned());
+    let mut instead = None;
+    let mut errors = Vec::new();
+    loop {
+        // Outputs go out with the first plan only: no plan made instead
+        // publishes any.
+        let outputs = if instead.is_none() { outputs } else { &[] };
+        let step = carry_out_plan(
+            context,
+            settler,
+            arrived,
+            plan,
+            outputs,
+            flush,
+            reason.as_deref(),
+        );
+        match step.await {
+            Step::Done { disposition, error } => {
+                errors.extend(error);
+                return Settled {
+                    disposition,
+                    instead,
+                    error: (!errors.is_empty()).then(|| errors.join("; then ")),
+                };
+            }
+            Step::Instead {
+                plan: next,
+                reason: why,
+            } => {
+                report::replaced(context, plan, &why);
+                errors.push(why.clone());
+                (plan, reason, instead) = (next, Some(why), Some(next));
+            }
         }
-        // Its copy can never be made: given up as at its limit, whose
-        // plan publishes no copy.
-        Step::GiveUp(reason) => {
-            tracing::warn!(
-                tenant = &*tags.tenant,
-                mount = &*tags.mount,
-                "the retry's copy cannot be made ({reason}): the delivery is given up as at its limit"
-            );
-            (context.policy().at_limit(), reason)
-        }
-    };
-    let again = carry_out_plan(
-        context,
-        settler,
-        arrived,
-        instead,
-        &[],
-        flush,
-        Some(&reason),
-    )
-    .await;
-    let mut settled = again.settled();
-    settled.instead = Some(instead);
-    settled.error = Some(match settled.error {
-        Some(error) => format!("{reason}; then {error}"),
-        None => reason,
-    });
-    settled
+    }
 }
 
 /// How one plan went.
 enum Step {
-    Done(Settled),
-    /// The outputs of an ack were not delivered, for this reason.
-    Retry(String),
-    /// The copy a retry owed cannot be made, for this reason.
-    GiveUp(String),
-}
-
-impl Step {
-    fn settled(self) -> Settled {
-        match self {
-            Step::Done(settled) => settled,
-            Step::Retry(reason) | Step::GiveUp(reason) => Settled {
-                disposition: None,
-                instead: None,
-                error: Some(reason),
-            },
-        }
-    }
+    /// Settled with this disposition (none at most once, or when it could
+    /// not be sent), and the first thing that went wrong.
+    Done {
+        disposition: Option<Disposition>,
+        error: Option<String>,
+    },
+    /// The planner replaced the plan, for this reason.
+    Instead { plan: Plan, reason: String },
 }
 
 async fn carry_out_plan(
@@ -177,11 +182,10 @@ async fn carry_out_plan(
 ) -> Step {
     let settle = async |disposition: Option<Disposition>, error: Option<String>| {
         let Some(disposition) = disposition else {
-            return Step::Done(Settled {
+            return Step::Done {
                 disposition: None,
-                instead: None,
                 error,
-            });
+            };
         };
         let (_, mut span) = context.spec.telemetry.child(
             arrived.trace,
@@ -197,15 +201,19 @@ async fn carry_out_plan(
                 context.spec.config.address.clone(),
             );
         }
-        let sent = settler.settle(arrived.info.clone(), disposition).await;
+        let unread = arrived
+            .unread
+            .map(|(unhandled, reason)| (unhandled, reason.to_owned()));
+        let sent = settler
+            .settle(arrived.info.clone(), disposition, unread)
+            .await;
         if let (Some(span), Err(error)) = (&mut span, &sent) {
-            span.fail("settle", error);
+            span.fail("settle", error.to_string());
         }
-        Step::Done(Settled {
+        Step::Done {
             disposition: sent.is_ok().then_some(disposition),
-            instead: None,
-            error: error.or(sent.err()),
-        })
+            error: error.or(sent.err().map(|e| e.to_string())),
+        }
     };
     let Some(publish) = plan.publish() else {
         let disposition = match plan {
@@ -223,18 +231,17 @@ async fn carry_out_plan(
         _ => publish_one(context, arrived, publish, outputs, flush, reason).await,
     };
     let error = published.failure().map(str::to_owned);
-    match settlement::after_publish(&plan, &published) {
-        AfterPublish::Retry { reason } => Step::Retry(reason),
-        AfterPublish::GiveUp { reason } => Step::GiveUp(reason),
+    let policy = context.policy();
+    match settlement::after_publish(&policy, &arrived.counters, &plan, &published) {
+        AfterPublish::Instead { plan, reason } => Step::Instead { plan, reason },
         AfterPublish::Settle(disposition) if published == Published::Accepted => {
             context.spec.publish_backoff_reset();
             if committed_with_acceptance {
                 // The acceptance was part of the transaction.
-                return Step::Done(Settled {
+                return Step::Done {
                     disposition,
-                    instead: None,
                     error: None,
-                });
+                };
             }
             settle(disposition, None).await
         }
@@ -299,7 +306,7 @@ async fn publish_one(
                 }
             };
             let (trace, mut span) = send_span(context, arrived.trace, &spec.config.address);
-            let message_id = arrived.message.message_id();
+            let message_id = arrived.message.and_then(AmqpMessage::message_id);
             if let Some(span) = &mut span {
                 span.set("wharf.retry_count", i64::from(retry_count));
                 span.set("wharf.delay_ms", delay.as_millis() as i64);
@@ -313,7 +320,13 @@ async fn publish_one(
                 trace: trace.as_ref(),
                 seal: spec.retry_key.as_ref(),
             };
-            let published = match message::copy_payload(arrived.payload, arrived.message, copy) {
+            let made = match arrived.message {
+                Some(message) => message::copy_payload(arrived.payload, message, copy),
+                None => Err(message::DecodeFailure::new(
+                    "no message was read to copy".to_owned(),
+                )),
+            };
+            let published = match made {
                 Ok(payload) => published(
                     context
                         .publisher
@@ -382,18 +395,18 @@ fn encode_outputs(
     input: &Arrived<'_>,
     outputs: &[Outgoing],
 ) -> Result<(Vec<Output>, Vec<Option<Span>>), message::DecodeFailure> {
-    let input_id = input.message.identity();
+    // Only a handler has outputs, and only a message read reaches one.
+    let input_id = input.message.map(AmqpMessage::identity).ok_or_else(|| {
+        message::DecodeFailure::new("outputs for a message no handler read".to_owned())
+    })?;
     let mut spans = Vec::with_capacity(outputs.len());
     let encoded = outputs
         .iter()
         .enumerate()
         .map(|(index, output)| {
-            let mut message = crate::broker::output_message(
-                &output.message,
-                &input_id,
-                index,
-                context.duplicate_ids,
-            );
+            let mut message = output
+                .message
+                .to_amqp(&input_id, index, context.duplicate_ids);
             // The outbox let no longer address in; checked again where it
             // becomes wire text.
             let address = output
@@ -521,32 +534,6 @@ async fn publish_outputs(
         .unwrap_or(Published::Accepted)
 }
 
-/// Publishes an undecodable delivery's payload, as it arrived, to the
-/// mount's dead-letter address with the reason, then accepts it; if the
-/// broker does not take the dead letter, hands the delivery back.
-pub(super) async fn dead_letter_unreadable(
-    context: &MountContext,
-    settler: &Settler,
-    info: DeliveryInfo,
-    payload: Bytes,
-    reason: &str,
-    address: &str,
-) -> Result<(), String> {
-    let payload = with_reason(payload, Some(reason));
-    let sent = published(context.publisher.publish(address, payload).await);
-    let disposition = if sent == Published::Accepted {
-        context.spec.metrics.dead_lettered();
-        Disposition::Accepted
-    } else {
-        context.policy().keep()
-    };
-    settler.settle(info, disposition).await?;
-    match sent.failure() {
-        None => Ok(()),
-        Some(failure) => Err(format!("not dead-lettered ({failure}); handed back")),
-    }
-}
-
 /// The delay of a copy held by the host, the original unsettled meanwhile.
 async fn wait_held(context: &MountContext, delay: Duration, flush: &CancellationToken) {
     if delay.is_zero() {
@@ -556,8 +543,7 @@ async fn wait_held(context: &MountContext, delay: Duration, flush: &Cancellation
     tokio::select! {
         () = tokio::time::sleep(delay) => {}
         () = flush.cancelled() => {
-            let tags = &context.spec.tags;
-            tracing::debug!(tenant = &*tags.tenant, mount = &*tags.mount, "publishing a held copy early: the mount is stopping");
+            tracing::debug!("publishing a held copy early: the mount is stopping");
         }
     }
 }

@@ -373,7 +373,7 @@ impl SendError {
             Self::Detached(error) => error.recovery(),
             Self::NonTerminalDeliveryState
             | Self::IllegalDeliveryState
-            | Self::MessageSizeExceeded(_)
+            | Self::MessageSizeExceeded(..)
             | Self::MessageEncodeError => ErrorRecovery::UseLink,
         }
     }
@@ -772,11 +772,11 @@ pub enum RecvError {
     InconsistentFieldInMultiFrameDelivery,
 
     /// A delivery larger than the negotiated `max_message_size` of the link
-    /// arrived. It was discarded unread and rejected with the
-    /// `amqp:link:message-size-exceeded` error condition; the link stays
-    /// attached.
-    #[error(transparent)]
-    MessageSizeExceeded(MessageSizeExceeded),
+    /// arrived. It was discarded unread and left unsettled for the
+    /// application to settle with the `DeliveryInfo` given (none when it
+    /// came settled); the link stays attached.
+    #[error("{0}")]
+    MessageSizeExceeded(MessageSizeExceeded, Option<DeliveryInfo>),
 
     /// Transactional acquision is not supported yet
     #[error("Transactional acquisition is not implemented")]
@@ -810,7 +810,7 @@ impl RecvError {
             Self::LinkStateError(error) => error.recovery(),
             Self::TransferLimitExceeded
             | Self::MessageDecode(_)
-            | Self::MessageSizeExceeded(_)
+            | Self::MessageSizeExceeded(..)
             | Self::IllegalRcvSettleModeInTransfer => ErrorRecovery::UseLink,
             Self::DeliveryIdIsNone
             | Self::DeliveryTagIsNone
@@ -1210,10 +1210,13 @@ mod tests {
             ErrorRecovery::NewLink
         );
         assert_eq!(
-            RecvError::MessageSizeExceeded(MessageSizeExceeded {
-                size: 10,
-                max_size: 1
-            })
+            RecvError::MessageSizeExceeded(
+                MessageSizeExceeded {
+                    size: 10,
+                    max_size: 1
+                },
+                None
+            )
             .recovery(),
             ErrorRecovery::NewLink
         );

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use fe2o3_amqp_types::{
     definitions::{
-        self, DeliveryNumber, DeliveryTag, Fields, Handle, LinkError, ReceiverSettleMode, Role, SequenceNo,
+        self, DeliveryNumber, DeliveryTag, Fields, Handle, ReceiverSettleMode, Role, SequenceNo,
     },
     messaging::{
         Accepted, Address, DeliveryState, FromBody, Modified, Rejected, Released, Source, Target,
@@ -322,9 +322,11 @@ impl Receiver {
     /// When the link advertises a `max_message_size` (see
     /// [`max_message_size`](#method.max_message_size)) and the peer sends a
     /// delivery larger than it, the delivery is discarded frame by frame as
-    /// it arrives (never buffered whole), rejected with the
-    /// `amqp:link:message-size-exceeded` error condition, and this method
-    /// returns [`RecvError::MessageSizeExceeded`]. The link stays attached.
+    /// it arrives (never buffered whole) and this method returns
+    /// [`RecvError::MessageSizeExceeded`] with what settling it needs (the
+    /// application decides how: `rejected` with
+    /// `amqp:link:message-size-exceeded` is the usual answer). The link
+    /// stays attached.
     ///
     /// # Malformed deliveries
     ///
@@ -874,9 +876,9 @@ pub(crate) struct ReceiverInner<L: endpoint::ReceiverLink> {
 }
 
 /// A delivery over the link's max-message-size: its frames are dropped as
-/// they arrive and, once the last one is in, it is rejected with
-/// `amqp:link:message-size-exceeded`, so the link stays attached and the
-/// message is never held in memory.
+/// they arrive and, once the last one is in, it is reported to the
+/// application unsettled, so the link stays attached and the message is
+/// never held in memory.
 #[derive(Debug)]
 pub(crate) struct OversizedDelivery {
     delivery_id: DeliveryNumber,
@@ -1356,12 +1358,13 @@ where
             self.oversized = Some(oversized);
             Ok(None)
         } else {
-            Err(self.reject_oversized(oversized).await)
+            Err(self.discard_oversized(oversized))
         }
     }
 
-    /// Rejects a discarded delivery (unless it came settled) and reports it.
-    async fn reject_oversized(&mut self, oversized: OversizedDelivery) -> RecvError {
+    /// Reports a discarded delivery, left unsettled (unless it came
+    /// settled): what becomes of it is the application's to decide.
+    fn discard_oversized(&mut self, oversized: OversizedDelivery) -> RecvError {
         let OversizedDelivery {
             delivery_id,
             delivery_tag,
@@ -1375,26 +1378,13 @@ where
         {
             return error.into();
         }
-        if !settled {
-            let error = definitions::Error::new(
-                LinkError::MessageSizeExceeded,
-                Some(format!(
-                    "message of {size} bytes is larger than the receiver's max-message-size of {max_size}"
-                )),
-                None,
-            );
-            let info = DeliveryInfo {
-                delivery_id,
-                delivery_tag,
-                rcv_settle_mode: None,
-                _sealed: Sealed {},
-            };
-            let state = DeliveryState::Rejected(Rejected { error: Some(error) });
-            if let Err(error) = self.dispose(info, None, state).await {
-                return RecvError::LinkStateError(error.into());
-            }
-        }
-        RecvError::MessageSizeExceeded(MessageSizeExceeded { size, max_size })
+        let info = (!settled).then_some(DeliveryInfo {
+            delivery_id,
+            delivery_tag,
+            rcv_settle_mode: None,
+            _sealed: Sealed {},
+        });
+        RecvError::MessageSizeExceeded(MessageSizeExceeded { size, max_size }, info)
     }
 
     /// # Cancel safety
@@ -1464,7 +1454,7 @@ where
                     return Ok(None);
                 }
                 let oversized = self.oversized.take().expect("checked above");
-                return Err(self.reject_oversized(oversized).await);
+                return Err(self.discard_oversized(oversized));
             }
             // A new delivery began before the discarded one ended; the
             // sender broke the transfer rules, forget the discarded one
@@ -2422,7 +2412,7 @@ mod tests {
 
     fn assert_message_size_exceeded(error: RecvError, expected_size: u64, expected_max: u64) {
         match error {
-            RecvError::MessageSizeExceeded(e) => {
+            RecvError::MessageSizeExceeded(e, _) => {
                 assert_eq!(e.size, expected_size);
                 assert_eq!(e.max_size, expected_max);
             }
@@ -2575,7 +2565,7 @@ mod tests {
             &mut inner,
             &mut outgoing_rx,
             &incoming_tx,
-            definitions::ErrorCondition::from(LinkError::MessageSizeExceeded),
+            definitions::ErrorCondition::from(definitions::LinkError::MessageSizeExceeded),
         )
         .await;
         assert_message_size_exceeded(error, 120, 100);
@@ -2620,7 +2610,7 @@ mod tests {
             &mut inner,
             &mut outgoing_rx,
             &incoming_tx,
-            definitions::ErrorCondition::from(LinkError::MessageSizeExceeded),
+            definitions::ErrorCondition::from(definitions::LinkError::MessageSizeExceeded),
         )
         .await;
         assert_message_size_exceeded(error, 101, 100);

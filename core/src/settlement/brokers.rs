@@ -1,12 +1,10 @@
-//! What a broker can do, as it says (its offers on the connection and on
-//! each link) and as the tests found it behaves (its [`BrokerKind`]), and
-//! how a mount's settlement is carried out on it.
+//! What each broker does to the settlement contract: how a mount's policy
+//! is made from its config, the broker's kind, what the broker offered on
+//! the links, and what kind of queue the address is.
 
+use super::{DelayPath, Disposition, Policy, RetryPath};
+use crate::brokers::{BrokerKind, QueueKind};
 use crate::config::{DelayChoice, Mount, OutputsChoice, RetryAfterOriginal, RetryChoice, Settle};
-use crate::settlement::{DelayPath, Disposition, Policy, RetryPath};
-
-use super::management::{QueueInfo, QueueKind};
-pub use wharf_core::brokers::BrokerKind;
 
 /// What a broker offered on a mount's links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,12 +24,12 @@ pub fn policy_for(
     mount: &Mount,
     kind: BrokerKind,
     links: LinkOffers,
-    queue: Option<&QueueInfo>,
+    queue: Option<&QueueKind>,
 ) -> Policy {
     // Only a queue that counts redeliveries can carry attempts in
     // `modified`; classic queues and streams cannot. A broker that loses
     // parts of a message redelivering it gets copies.
-    let counts = queue.is_none_or(|q| matches!(q.kind, QueueKind::Quorum { .. }))
+    let counts = queue.is_none_or(|q| matches!(q, QueueKind::Quorum { .. }))
         && !kind.reencodes_redeliveries();
     let retry = match (mount.retry, links.modified_supported) {
         (_, false) | (Some(RetryChoice::Copy), true) => RetryPath::Copy,
@@ -82,7 +80,6 @@ pub fn outputs_in_transactions(mount: &Mount, kind: BrokerKind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::BrokerOffers;
     use crate::config::Config;
 
     /// A mount on queue `q` with `extra` lines.
@@ -101,23 +98,6 @@ mod tests {
         modified_supported: true,
         delayed_delivery: true,
     };
-
-    #[test]
-    fn a_broker_is_known_by_its_product() {
-        let kind = |product: &str| {
-            BrokerOffers {
-                product: Some(product.to_owned()),
-                ..BrokerOffers::default()
-            }
-            .kind()
-        };
-        assert_eq!(kind("apache-activemq-artemis"), BrokerKind::Artemis);
-        assert_eq!(kind("RabbitMQ"), BrokerKind::RabbitMq);
-        assert_eq!(kind("ActiveMQ"), BrokerKind::ActiveMqClassic);
-        assert_eq!(kind("Apache Qpid Broker-J Core"), BrokerKind::QpidBrokerJ);
-        assert_eq!(kind("SolaceMessageBroker"), BrokerKind::Other);
-        assert_eq!(BrokerOffers::default().kind(), BrokerKind::Other);
-    }
 
     #[test]
     fn activemq_classic_retries_by_copy_unless_the_config_says_modified() {

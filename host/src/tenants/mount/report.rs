@@ -1,0 +1,363 @@
+//! What the host tells of a mount's deliveries: log lines, tracing and
+//! exported spans, metrics and events, all made here from what the
+//! delivery path hands over. The path itself only tells the story.
+//!
+//! Every line about a mount sits in its [`mount_span`], so its tenant and
+//! mount are written once, there.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::field;
+
+use super::attach::MountContext;
+use super::settle::Settled;
+use crate::events::{Event, Handled};
+use crate::sandbox::{Failure, LogTags, Module, Outcome as HandlerOutcome};
+use crate::telemetry::Span;
+use wharf_core::message::AmqpMessage;
+use wharf_core::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, Publish};
+use wharf_core::text::{self, shown, shown_up_to};
+use wharf_core::trace::{Hex, Malformed, TraceContext};
+
+/// The span every line about a mount sits in, with its tenant and mount.
+/// At error level, so it is on whenever any line is.
+pub(crate) fn mount_span(tags: &LogTags) -> tracing::Span {
+    tracing::error_span!("mount", tenant = &*tags.tenant, mount = &*tags.mount)
+}
+
+/// What a handler call gave, as the report needs it.
+pub(super) type HandlerResult = Result<HandlerOutcome, Failure>;
+
+/// One delivery's report, from arrival to settlement.
+pub(super) struct DeliveryReport {
+    context: Arc<MountContext>,
+    /// `properties.message-id`, bounded and escaped: the publisher chose
+    /// it.
+    message_id: Option<String>,
+    counters: Counters,
+    /// The exported span of this attempt, when spans are exported.
+    process: Option<Span>,
+    module_version: Option<Arc<str>>,
+}
+
+impl DeliveryReport {
+    /// Opens the report of a delivery as it arrived: its exported span,
+    /// below the publisher's when it sent a trace context, and the tracing
+    /// span every line about it sits in. `unsealed`: a retry count without
+    /// a valid seal was dropped from it.
+    pub(super) fn open(
+        context: &Arc<MountContext>,
+        message: &AmqpMessage,
+        publisher: Result<Option<TraceContext>, Malformed>,
+        unsealed: bool,
+    ) -> (DeliveryReport, Option<TraceContext>, tracing::Span) {
+        let spec = &context.spec;
+        let counters = message.counters();
+        let message_id = message.message_id().map(|id| shown(&id).to_string());
+        let publisher = publisher.unwrap_or_else(|malformed| {
+            spec.metrics.trace_context_malformed();
+            tracing::debug!(
+                "an unreadable trace context in the {} is ignored",
+                malformed.place
+            );
+            None
+        });
+        let (trace, mut process) = spec.telemetry.process(
+            publisher.as_ref(),
+            format_args!("process {}", spec.config.address),
+        );
+        if let Some(span) = &mut process {
+            context.peer.describe(span);
+            span.set("messaging.operation.type", "process");
+            span.set("messaging.destination.name", &spec.config.address);
+            if let Some(id) = &message_id {
+                span.set("messaging.message.id", id);
+            }
+            if let Some(id) = message.correlation_id() {
+                span.set("messaging.message.conversation_id", shown(&id).to_string());
+            }
+            if let Some(size) = message.body_size() {
+                span.set("messaging.message.body.size", size as i64);
+            }
+            span.set("wharf.tenant", &*spec.tags.tenant);
+            span.set("wharf.mount", &*spec.tags.mount);
+            span.set("wharf.attempt", i64::from(counters.attempt()));
+        }
+        let span = tracing::error_span!(
+            "handle",
+            messaging.system = context.peer.system,
+            messaging.operation = "process",
+            messaging.destination.name = spec.config.address,
+            messaging.message.id = message_id,
+            attempt = counters.attempt(),
+            trace_id = trace.as_ref().map(|t| field::display(Hex(&t.trace_id))),
+            span_id = trace.as_ref().map(|t| field::display(Hex(&t.span_id))),
+        );
+        if unsealed {
+            span.in_scope(|| {
+                tracing::warn!(
+                    "a retry count without a valid seal is not believed: the delivery counts as a first one"
+                );
+            });
+        }
+        let report = DeliveryReport {
+            context: context.clone(),
+            message_id,
+            counters,
+            process,
+            module_version: None,
+        };
+        (report, trace, span)
+    }
+
+    /// The handler is about to run, in `module`.
+    pub(super) fn started(&mut self, module: &Module) {
+        let spec = &self.context.spec;
+        self.module_version = Some(module.version().clone());
+        let _ = spec.events.send(Event::Started {
+            tenant: spec.tags.tenant.clone(),
+            mount: spec.tags.mount.clone(),
+            message_id: self.message_id.clone(),
+            attempt: self.counters.attempt(),
+        });
+    }
+
+    /// The handler returned (or failed) after `took`; `dropped` of its log
+    /// lines were over its rate.
+    pub(super) fn ran(&self, module: &Module, result: &HandlerResult, dropped: u64) {
+        let spec = &self.context.spec;
+        spec.metrics.output_dropped(dropped);
+        let Err(failure) = result else {
+            return;
+        };
+        spec.metrics.failed(failure.kind());
+        // The failure's words may quote the guest (a trap's message, its
+        // frames' names): bounded, escaped, and charged to the tenant.
+        let words = failure.to_string();
+        let words = shown_up_to(&words, text::DESCRIPTION_BYTES);
+        if spec.tenant.may_tell(text::DESCRIPTION_BYTES) {
+            tracing::warn!(
+                kind = failure.kind(),
+                module = %module.path().display(),
+                version = &**module.version(),
+                "handler failed, treating it as retry: {words}"
+            );
+        } else {
+            tracing::debug!(
+                kind = failure.kind(),
+                "handler failed, treating it as retry (over the tenant's log_rate): {words}"
+            );
+        }
+    }
+
+    /// The delivery's plan was carried out: everything about it is told.
+    pub(super) fn handled(mut self, handled: Handling) {
+        let Handling {
+            result,
+            outcome,
+            plan,
+            settled,
+            took,
+        } = handled;
+        let context = self.context.clone();
+        let spec = &context.spec;
+        if let Ok(HandlerOutcome::RetryAfter(ms)) = result
+            && outcome != Outcome::RetryAfter(Duration::from_millis(ms))
+        {
+            tracing::warn!(
+                asked_ms = ms,
+                max_retry_delay = %humantime::format_duration(spec.config.max_retry_delay),
+                "retry-after delay shortened to the mount's max_retry_delay"
+            );
+        }
+        if plan.unsupported() {
+            let first = !context.unsupported_warned.swap(true, Ordering::Relaxed);
+            let note = "AckError::Unsupported: the mount is at-most-once, the delivery was settled on receipt";
+            if first {
+                tracing::warn!(
+                    %outcome,
+                    "{note} (logged once per mount; later ones at debug level)"
+                );
+            } else {
+                tracing::debug!(%outcome, "{note}");
+            }
+        }
+        spec.metrics.handled(outcome, settled.disposition, took);
+        let module_version = self.module_version.take().unwrap_or_default();
+        if let Some(span) = &mut self.process {
+            span.set("wharf.module.version", module_version.to_string());
+            span.set("wharf.outcome", outcome.to_string());
+            span.set(
+                "wharf.disposition",
+                settled.disposition.map_or("none", Disposition::as_str),
+            );
+            if let Err(failure) = &result {
+                span.fail(failure.kind(), failure.to_string());
+            } else if let Some(error) = &settled.error {
+                span.fail("settlement", error);
+            }
+        }
+        // Put in words only when logged: the debug line is off by default.
+        let fate = || {
+            let carried_out = settled.instead.as_ref().unwrap_or(&plan);
+            fate(
+                outcome,
+                result.as_ref().err(),
+                carried_out,
+                settled.disposition,
+            )
+        };
+        match &settled.error {
+            Some(error) => tracing::error!("{}; but the settlement is incomplete: {error}", fate()),
+            None => tracing::debug!(
+                %outcome,
+                disposition = settled.disposition.map(Disposition::as_str),
+                fate = fate(),
+                "handled"
+            ),
+        }
+        let _ = spec.events.send(Event::Handled(Handled {
+            tenant: spec.tags.tenant.clone(),
+            mount: spec.tags.mount.clone(),
+            message_id: self.message_id.take(),
+            attempt: self.counters.attempt(),
+            counters: self.counters,
+            module_version,
+            outcome,
+            failure: result.err().map(|failure| failure.to_string()),
+            plan,
+            instead: settled.instead,
+            disposition: settled.disposition,
+            error: settled.error,
+        }));
+    }
+}
+
+/// How a delivery went, for [`DeliveryReport::handled`].
+pub(super) struct Handling {
+    /// What the handler gave.
+    pub(super) result: HandlerResult,
+    /// The outcome the plan was made from.
+    pub(super) outcome: Outcome,
+    /// The plan.
+    pub(super) plan: Plan,
+    /// How it was carried out.
+    pub(super) settled: Settled,
+    /// How long the handler ran.
+    pub(super) took: Duration,
+}
+
+/// A plan the planner replaced: why.
+pub(super) fn replaced(context: &MountContext, plan: Plan, reason: &str) {
+    if plan.publish() == Some(Publish::Outputs) {
+        tracing::warn!(
+            "the handler acknowledged, but its outputs were not delivered ({reason}): a failed attempt"
+        );
+        context.spec.metrics.outputs_undeliverable();
+    } else {
+        tracing::warn!(
+            "the retry's copy cannot be made ({reason}): the delivery is given up as at its limit"
+        );
+    }
+}
+
+/// What a host log line takes beside its message: time, level, target,
+/// tenant, mount and ids, about.
+const LINE_OVERHEAD: usize = 160;
+
+/// A delivery the host settled without running the handler.
+pub(super) fn refused(
+    context: &MountContext,
+    message_id: Option<String>,
+    reason: String,
+    error: Option<String>,
+) {
+    let spec = &context.spec;
+    spec.metrics.refused();
+    let line = reason.len() + error.as_ref().map_or(0, String::len) + LINE_OVERHEAD;
+    if !spec.tenant.may_tell(line) {
+        tracing::debug!(
+            message_id,
+            "delivery rejected without running the handler (over the tenant's log_rate): {reason}"
+        );
+    } else {
+        match &error {
+            None => tracing::warn!(
+                message_id,
+                "delivery rejected without running the handler: {reason}"
+            ),
+            Some(e) => {
+                tracing::error!(message_id, "delivery could not be rejected ({e}): {reason}")
+            }
+        }
+    }
+    let _ = spec.events.send(Event::Refused {
+        tenant: spec.tags.tenant.clone(),
+        mount: spec.tags.mount.clone(),
+        message_id,
+        reason,
+    });
+}
+
+/// A delivery task that panicked is a bug in the host, not in the handler:
+/// its delivery stays unsettled and returns to the broker when the link
+/// detaches.
+pub(super) fn panicked(joined: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = joined
+        && e.is_panic()
+    {
+        tracing::error!("delivery task panicked; the delivery is left to the broker: {e}");
+    }
+}
+
+/// What became of a delivery, as a sentence: what the handler said, and
+/// what the host did about it on the broker.
+fn fate(
+    outcome: Outcome,
+    failure: Option<&Failure>,
+    plan: &Plan,
+    disposition: Option<Disposition>,
+) -> String {
+    let said = match (failure, outcome) {
+        (Some(failure), _) => format!(
+            "the handler failed ({}), which counts as a retry",
+            failure.kind()
+        ),
+        (None, Outcome::Ack) => "acked".to_owned(),
+        (None, Outcome::Retry) => "asked for a retry".to_owned(),
+        (None, Outcome::RetryAfter(delay)) => {
+            format!(
+                "asked for a retry after {}",
+                humantime::format_duration(delay)
+            )
+        }
+        (None, Outcome::Drop) => "dropped it".to_owned(),
+    };
+    let settled = match disposition {
+        Some(Disposition::Accepted) => "accepted",
+        Some(Disposition::Modified) => "handed back for redelivery (modified)",
+        Some(Disposition::Rejected) => "rejected",
+        Some(Disposition::Released) => "released",
+        None => "settled on receipt (at most once)",
+    };
+    let did = match plan.publish() {
+        Some(Publish::DeadLetter) => {
+            format!("attempts used up: it went to the dead-letter address and was {settled}")
+        }
+        Some(Publish::Outputs) => format!("its outputs were published and it was {settled}"),
+        Some(Publish::Copy { delay, .. }) if delay.is_zero() => {
+            format!("a copy went back to the queue and the original was {settled}")
+        }
+        Some(Publish::Copy { path, .. }) => {
+            let waits = match path {
+                DelayPath::Scheduled => "scheduled on the broker",
+                DelayPath::Held => "held by the host",
+            };
+            format!("a copy is due then ({waits}) and the original was {settled}")
+        }
+        None => format!("it was {settled}"),
+    };
+    format!("{said}; {did}")
+}
