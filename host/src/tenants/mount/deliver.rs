@@ -99,7 +99,9 @@ pub(super) async fn handle(
             result,
             outcome,
             plan,
-            settled,
+            instead: settled.instead,
+            disposition: settled.disposition,
+            error: settled.error,
             took,
         });
         drop(admission);

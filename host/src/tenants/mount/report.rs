@@ -12,7 +12,6 @@ use std::time::Duration;
 use tracing::field;
 
 use super::attach::MountContext;
-use super::settle::Settled;
 use crate::events::{Event, Handled};
 use crate::sandbox::{Failure, LogTags, Module, Outcome as HandlerOutcome};
 use crate::telemetry::Span;
@@ -158,7 +157,9 @@ impl DeliveryReport {
             result,
             outcome,
             plan,
-            settled,
+            instead,
+            disposition,
+            error,
             took,
         } = handled;
         let context = self.context.clone();
@@ -184,36 +185,31 @@ impl DeliveryReport {
                 tracing::debug!(%outcome, "{note}");
             }
         }
-        spec.metrics.handled(outcome, settled.disposition, took);
+        spec.metrics.handled(outcome, disposition, took);
         let module_version = self.module_version.take().unwrap_or_default();
         if let Some(span) = &mut self.process {
             span.set("wharf.module.version", module_version.to_string());
             span.set("wharf.outcome", outcome.to_string());
             span.set(
                 "wharf.disposition",
-                settled.disposition.map_or("none", Disposition::as_str),
+                disposition.map_or("none", Disposition::as_str),
             );
             if let Err(failure) = &result {
                 span.fail(failure.kind(), failure.to_string());
-            } else if let Some(error) = &settled.error {
+            } else if let Some(error) = &error {
                 span.fail("settlement", error);
             }
         }
         // Put in words only when logged: the debug line is off by default.
         let fate = || {
-            let carried_out = settled.instead.as_ref().unwrap_or(&plan);
-            fate(
-                outcome,
-                result.as_ref().err(),
-                carried_out,
-                settled.disposition,
-            )
+            let carried_out = instead.as_ref().unwrap_or(&plan);
+            fate(outcome, result.as_ref().err(), carried_out, disposition)
         };
-        match &settled.error {
+        match &error {
             Some(error) => tracing::error!("{}; but the settlement is incomplete: {error}", fate()),
             None => tracing::debug!(
                 %outcome,
-                disposition = settled.disposition.map(Disposition::as_str),
+                disposition = disposition.map(Disposition::as_str),
                 fate = fate(),
                 "handled"
             ),
@@ -228,9 +224,9 @@ impl DeliveryReport {
             outcome,
             failure: result.err().map(|failure| failure.to_string()),
             plan,
-            instead: settled.instead,
-            disposition: settled.disposition,
-            error: settled.error,
+            instead,
+            disposition,
+            error,
         }));
     }
 }
@@ -243,8 +239,12 @@ pub(super) struct Handling {
     pub(super) outcome: Outcome,
     /// The plan.
     pub(super) plan: Plan,
-    /// How it was carried out.
-    pub(super) settled: Settled,
+    /// The plan carried out instead, when the planner replaced it.
+    pub(super) instead: Option<Plan>,
+    /// The disposition sent, if any.
+    pub(super) disposition: Option<Disposition>,
+    /// The first thing that went wrong.
+    pub(super) error: Option<String>,
     /// How long the handler ran.
     pub(super) took: Duration,
 }
