@@ -11,8 +11,8 @@ use bytes::Bytes;
 use fe2o3_amqp_types::messaging::Header;
 use fe2o3_amqp_types::primitives::Value;
 
+use super::codes::{self, APPLICATION_PROPERTIES, MESSAGE_ANNOTATIONS};
 use super::limits::{self, ValueLimits};
-use super::sections::{self, APPLICATION_PROPERTIES, MESSAGE_ANNOTATIONS};
 use super::{
     ARTEMIS_DUPLICATE_ID, AmqpMessage, DELIVERY_TIME_ANNOTATION, DecodeFailure,
     NOT_COPIED_ANNOTATIONS, RETRY_SEAL_PROPERTY, copy_duplicate_id, reserved_property,
@@ -108,7 +108,7 @@ fn from_bytes(payload: &[u8], message: &AmqpMessage, of: CopyOf<'_>) -> Option<B
     )? {
         out.extend_from_slice(&edited);
     }
-    if let Some(properties) = section(sections::PROPERTIES) {
+    if let Some(properties) = section(codes::PROPERTIES) {
         out.extend_from_slice(properties);
     }
     // Application properties: the retry count (sealed), the duplicate id
@@ -154,7 +154,7 @@ fn from_bytes(payload: &[u8], message: &AmqpMessage, of: CopyOf<'_>) -> Option<B
     )??;
     out.extend_from_slice(&properties);
     for (code, range) in &found {
-        if sections::is_body(*code) {
+        if codes::is_body(*code) {
             out.extend_from_slice(&payload[range.clone()]);
         }
     }

@@ -377,11 +377,11 @@ pub fn sections(payload: &[u8]) -> Option<Vec<(u64, Range<usize>)>> {
             // A section named by its symbol.
             0xa3 => {
                 let len = reader.length(1).ok()?;
-                super::sections::code_of_name(reader.take(len).ok()?)?
+                super::codes::code_of_name(reader.take(len).ok()?)?
             }
             0xb3 => {
                 let len = reader.length(4).ok()?;
-                super::sections::code_of_name(reader.take(len).ok()?)?
+                super::codes::code_of_name(reader.take(len).ok()?)?
             }
             _ => return None,
         };

@@ -6,6 +6,7 @@
 //! there, but clients send lists and maps anyway, and a message must never
 //! be lost because it says more than the spec allows.
 
+pub(crate) mod codes;
 mod copy;
 pub mod limits;
 mod output;
@@ -331,9 +332,7 @@ impl AmqpMessage {
 /// not decode.
 pub fn message_id_of(payload: &[u8]) -> Option<String> {
     let found = limits::sections(payload)?;
-    let (_, range) = found
-        .iter()
-        .find(|(code, _)| *code == sections::PROPERTIES)?;
+    let (_, range) = found.iter().find(|(code, _)| *code == codes::PROPERTIES)?;
     let bytes = &payload[range.clone()];
     limits::check(bytes, ValueLimits::DEFAULT).ok()?;
     let properties: Properties = serde_amqp::from_slice(bytes).ok()?;
@@ -366,7 +365,7 @@ pub(crate) fn with_annotations(
     let sections = limits::sections(payload)?;
     let existing = sections
         .iter()
-        .find(|(code, _)| *code == sections::MESSAGE_ANNOTATIONS);
+        .find(|(code, _)| *code == codes::MESSAGE_ANNOTATIONS);
     let mut annotations = match existing {
         Some((_, range)) => {
             let bytes = &payload[range.clone()];
@@ -382,7 +381,7 @@ pub(crate) fn with_annotations(
     Some(with_section(
         payload,
         &sections,
-        sections::MESSAGE_ANNOTATIONS,
+        codes::MESSAGE_ANNOTATIONS,
         &encoded,
     ))
 }

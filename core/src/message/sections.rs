@@ -14,6 +14,10 @@ use serde_amqp::lazy::LazyValue;
 use serde_amqp::read::{Read as _, SliceReader};
 
 use super::AmqpMessage;
+use super::codes::{
+    APPLICATION_PROPERTIES, DATA, DELIVERY_ANNOTATIONS, FOOTER, HEADER, MESSAGE_ANNOTATIONS,
+    PROPERTIES, SEQUENCE, VALUE, code_of_name,
+};
 use super::limits::{self, ValueLimits};
 use crate::text::{self, DESCRIPTION_BYTES};
 
@@ -36,35 +40,6 @@ impl DecodeFailure {
         &self.0
     }
 }
-
-const HEADER: u64 = 0x70;
-const DELIVERY_ANNOTATIONS: u64 = 0x71;
-pub(crate) const MESSAGE_ANNOTATIONS: u64 = 0x72;
-pub(crate) const PROPERTIES: u64 = 0x73;
-pub(crate) const APPLICATION_PROPERTIES: u64 = 0x74;
-const DATA: u64 = 0x75;
-const SEQUENCE: u64 = 0x76;
-const VALUE: u64 = 0x77;
-const FOOTER: u64 = 0x78;
-
-/// Whether a section of `code` is part of the body (`data`,
-/// `amqp-sequence`, `amqp-value`).
-pub(crate) fn is_body(code: u64) -> bool {
-    matches!(code, DATA | SEQUENCE | VALUE)
-}
-
-/// The section codes by their symbolic names, which a sender may use instead.
-const NAMES: [(&str, u64); 9] = [
-    ("amqp:header:list", HEADER),
-    ("amqp:delivery-annotations:map", DELIVERY_ANNOTATIONS),
-    ("amqp:message-annotations:map", MESSAGE_ANNOTATIONS),
-    ("amqp:properties:list", PROPERTIES),
-    ("amqp:application-properties:map", APPLICATION_PROPERTIES),
-    ("amqp:data:binary", DATA),
-    ("amqp:amqp-sequence:list", SEQUENCE),
-    ("amqp:amqp-value:*", VALUE),
-    ("amqp:footer:map", FOOTER),
-];
 
 /// The message, and about how many bytes of memory it takes decoded.
 pub(super) fn decode(payload: &[u8]) -> Result<(AmqpMessage, u64), DecodeFailure> {
@@ -173,14 +148,6 @@ fn section_code(bytes: &[u8]) -> Option<u64> {
         _ => return None,
     };
     code_of_name(name)
-}
-
-/// The code of a section by its symbolic name.
-pub(super) fn code_of_name(name: &[u8]) -> Option<u64> {
-    NAMES
-        .iter()
-        .find(|(known, _)| known.as_bytes() == name)
-        .map(|(_, code)| *code)
 }
 
 /// Application properties of any type; keys must be strings (or symbols).

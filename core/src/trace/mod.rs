@@ -268,10 +268,9 @@ fn context_annotation(key: &OwnedKey) -> bool {
 /// sections cannot be found, or the sections to change cannot be read
 /// within the limits (then it must travel as it is).
 pub fn carried_on_payload(payload: &[u8], context: &TraceContext) -> Option<bytes::Bytes> {
+    use crate::message::codes::APPLICATION_PROPERTIES;
     use crate::message::limits::{self, ValueLimits};
-    use crate::message::sections::{
-        APPLICATION_PROPERTIES, application_properties, application_properties_section,
-    };
+    use crate::message::sections::{application_properties, application_properties_section};
 
     let payload = crate::message::with_annotations(payload, |annotations| {
         let before = annotations.0.len();
