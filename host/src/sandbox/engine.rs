@@ -9,10 +9,13 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::bindings::Handler;
+use super::bindings;
 use super::grants;
 use super::instances::InstanceSlots;
-use super::module::{Compiled, LoadError, Module};
+use super::module::{
+    Compiled, LoadError, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT, Module,
+};
+use super::outbox::HasOutbox;
 use super::store::StoreState;
 use crate::sync::Locked;
 use wharf_core::config::Mount;
@@ -45,10 +48,6 @@ struct Inner {
     _ticker: EpochTicker,
 }
 
-/// Linear memories one component may define; more is refused at load.
-pub const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
-/// Tables one component may define; more is refused at load.
-pub const MAX_TABLES_PER_COMPONENT: u32 = 16;
 /// Core instances one component may create.
 const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 200;
 /// Memories and tables per instance, on average, that the pool holds room
@@ -90,8 +89,17 @@ impl Sandbox {
         let mut without_http = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut without_http).map_err(to_anyhow)?;
         grants::add_to_linker(&mut without_http).map_err(to_anyhow)?;
-        Handler::add_to_linker::<_, HasSelf<StoreState>>(&mut without_http, |state| state)
-            .map_err(to_anyhow)?;
+        // Each import linked to its own part of the store.
+        bindings::wharf::handler::log::add_to_linker::<_, HasSelf<StoreState>>(
+            &mut without_http,
+            |state| state,
+        )
+        .map_err(to_anyhow)?;
+        bindings::wharf::handler::outbox::add_to_linker::<_, HasOutbox>(
+            &mut without_http,
+            StoreState::outbox_view,
+        )
+        .map_err(to_anyhow)?;
         super::bindings_0_1::Handler::add_to_linker::<_, HasSelf<StoreState>>(
             &mut without_http,
             |state| state,

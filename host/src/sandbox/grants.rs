@@ -9,9 +9,12 @@
 
 use std::borrow::Cow;
 
+use std::marker::PhantomData;
 use wasmtime::Engine;
 use wasmtime::component::types::ComponentItem;
+
 use wasmtime::component::{Component, HasData, Linker, Resource};
+use wasmtime_wasi::WasiView;
 use wasmtime_wasi::cli::WasiCliView as _;
 use wasmtime_wasi::clocks::WasiClocksView as _;
 use wasmtime_wasi::p2::DynPollable;
@@ -20,7 +23,7 @@ use wasmtime_wasi::p2::bindings::clocks::{monotonic_clock, wall_clock};
 use wasmtime_wasi::p2::bindings::random::{insecure, insecure_seed, random};
 use wasmtime_wasi::random::WasiRandomView as _;
 
-use super::store::StoreState;
+use wharf_core::grants::Grants;
 
 /// A WASI call the mount has not been granted. It fails the handler call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,16 +37,26 @@ pub struct Denied {
     pub grant: &'static str,
 }
 
+/// A store whose WASI clocks, random and environment are checked against
+/// grants: what this capability needs of it.
+pub(crate) trait Granted: WasiView + 'static {
+    /// What the mount grants.
+    fn grants(&self) -> &Grants;
+    /// The handler asked for an environment and none is granted: worth a
+    /// note in the log, once.
+    fn note_empty_environment(&self);
+}
+
 /// Replaces the stock WASI clocks, random and environment with versions
 /// that check the store's grants first.
-pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+pub(crate) fn add_to_linker<T: Granted>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    wall_clock::add_to_linker::<_, Guarded>(linker, guard)?;
-    monotonic_clock::add_to_linker::<_, Guarded>(linker, guard)?;
-    random::add_to_linker::<_, Guarded>(linker, guard)?;
-    insecure::add_to_linker::<_, Guarded>(linker, guard)?;
-    insecure_seed::add_to_linker::<_, Guarded>(linker, guard)?;
-    environment::add_to_linker::<_, Guarded>(linker, guard)?;
+    wall_clock::add_to_linker::<_, Guarded<T>>(linker, guard)?;
+    monotonic_clock::add_to_linker::<_, Guarded<T>>(linker, guard)?;
+    random::add_to_linker::<_, Guarded<T>>(linker, guard)?;
+    insecure::add_to_linker::<_, Guarded<T>>(linker, guard)?;
+    insecure_seed::add_to_linker::<_, Guarded<T>>(linker, guard)?;
+    environment::add_to_linker::<_, Guarded<T>>(linker, guard)?;
     linker.allow_shadowing(false);
     Ok(())
 }
@@ -53,12 +66,12 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
 /// a mount without `grants.http`. Its resource types are those of `full`,
 /// which links the real `wasi:http`, so the component's other imports
 /// (streams, pollables) still match; none of them is ever constructed.
-pub(crate) fn without_http(
-    full: &Linker<StoreState>,
-    base: &Linker<StoreState>,
+pub(crate) fn without_http<T: 'static>(
+    full: &Linker<T>,
+    base: &Linker<T>,
     engine: &Engine,
     component: &Component,
-) -> wasmtime::Result<Linker<StoreState>> {
+) -> wasmtime::Result<Linker<T>> {
     let mut linker = base.clone();
     let ty = full.substituted_component_type(component)?;
     for (name, import) in ty.imports(engine) {
@@ -92,28 +105,28 @@ pub(crate) fn without_http(
     Ok(linker)
 }
 
-struct Guarded;
+struct Guarded<T>(PhantomData<T>);
 
-impl HasData for Guarded {
-    type Data<'a> = GuardedView<'a>;
+impl<T: Granted> HasData for Guarded<T> {
+    type Data<'a> = GuardedView<'a, T>;
 }
 
-fn guard(state: &mut StoreState) -> GuardedView<'_> {
+fn guard<T: Granted>(state: &mut T) -> GuardedView<'_, T> {
     GuardedView { state }
 }
 
 /// The store, seen by the guarded WASI functions.
-struct GuardedView<'a> {
-    state: &'a mut StoreState,
+struct GuardedView<'a, T> {
+    state: &'a mut T,
 }
 
-impl GuardedView<'_> {
+impl<T: Granted> GuardedView<'_, T> {
     fn clocks(&mut self, function: &'static str) -> wasmtime::Result<()> {
-        self.require(self.state.setup.grants.clocks, function, "clocks = true")
+        self.require(self.state.grants().clocks, function, "clocks = true")
     }
 
     fn random(&mut self, function: &'static str) -> wasmtime::Result<()> {
-        self.require(self.state.setup.grants.random, function, "random = true")
+        self.require(self.state.grants().random, function, "random = true")
     }
 
     fn require(
@@ -133,7 +146,7 @@ impl GuardedView<'_> {
     }
 }
 
-impl wall_clock::Host for GuardedView<'_> {
+impl<T: Granted> wall_clock::Host for GuardedView<'_, T> {
     fn now(&mut self) -> wasmtime::Result<wall_clock::Datetime> {
         self.clocks("wasi:clocks/wall-clock.now")?;
         wall_clock::Host::now(&mut self.state.clocks())
@@ -145,7 +158,7 @@ impl wall_clock::Host for GuardedView<'_> {
     }
 }
 
-impl monotonic_clock::Host for GuardedView<'_> {
+impl<T: Granted> monotonic_clock::Host for GuardedView<'_, T> {
     fn now(&mut self) -> wasmtime::Result<monotonic_clock::Instant> {
         self.clocks("wasi:clocks/monotonic-clock.now")?;
         monotonic_clock::Host::now(&mut self.state.clocks())
@@ -173,7 +186,7 @@ impl monotonic_clock::Host for GuardedView<'_> {
     }
 }
 
-impl random::Host for GuardedView<'_> {
+impl<T: Granted> random::Host for GuardedView<'_, T> {
     fn get_random_bytes(&mut self, len: u64) -> wasmtime::Result<Vec<u8>> {
         self.random("wasi:random/random.get-random-bytes")?;
         random::Host::get_random_bytes(self.state.random(), len)
@@ -185,7 +198,7 @@ impl random::Host for GuardedView<'_> {
     }
 }
 
-impl insecure::Host for GuardedView<'_> {
+impl<T: Granted> insecure::Host for GuardedView<'_, T> {
     fn get_insecure_random_bytes(&mut self, len: u64) -> wasmtime::Result<Vec<u8>> {
         self.random("wasi:random/insecure.get-insecure-random-bytes")?;
         insecure::Host::get_insecure_random_bytes(self.state.random(), len)
@@ -197,16 +210,16 @@ impl insecure::Host for GuardedView<'_> {
     }
 }
 
-impl insecure_seed::Host for GuardedView<'_> {
+impl<T: Granted> insecure_seed::Host for GuardedView<'_, T> {
     fn insecure_seed(&mut self) -> wasmtime::Result<(u64, u64)> {
         self.random("wasi:random/insecure-seed.insecure-seed")?;
         insecure_seed::Host::insecure_seed(self.state.random())
     }
 }
 
-impl environment::Host for GuardedView<'_> {
+impl<T: Granted> environment::Host for GuardedView<'_, T> {
     fn get_environment(&mut self) -> wasmtime::Result<Vec<(String, String)>> {
-        if self.state.setup.grants.env.is_empty() {
+        if self.state.grants().env.is_empty() {
             self.state.note_empty_environment();
         }
         environment::Host::get_environment(&mut self.state.cli())

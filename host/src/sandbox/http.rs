@@ -24,14 +24,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-use super::store::InstanceSetup;
 use crate::telemetry::{Kind, Telemetry};
-use wharf_core::grants::{Guarded, Host, Target};
+use wharf_core::grants::{Guarded, Host, HttpGrants, Target};
 use wharf_core::text::shown;
 use wharf_core::trace::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// Outbound HTTP connections one instance may hold at once.
 pub const MAX_CONNECTIONS_PER_INSTANCE: usize = 16;
+
+/// The most of an outgoing request body buffered on the host per write.
+pub const MAX_BODY_CHUNK: usize = 64 * 1024;
 
 /// Name lookups one tenant's handlers may have in flight at once. A lookup
 /// runs on a blocking thread until the resolver answers, even when the
@@ -118,7 +120,10 @@ type ConnectionPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 /// The `wasi:http` hooks of one handler instance: every request goes
 /// through the mount's grants and the connection caps.
 pub(crate) struct HttpGate {
-    setup: Arc<InstanceSetup>,
+    /// What the mount grants.
+    grants: Arc<HttpGrants>,
+    /// The tenant's connections and lookups.
+    tenant: HttpConnections,
     connections: Arc<Semaphore>,
     /// The delivery being handled, in its trace: each request is a span
     /// below it and carries that span's context.
@@ -135,9 +140,10 @@ pub(crate) struct HttpTrace {
 }
 
 impl HttpGate {
-    pub(crate) fn new(setup: Arc<InstanceSetup>) -> HttpGate {
+    pub(crate) fn new(grants: Arc<HttpGrants>, tenant: HttpConnections) -> HttpGate {
         HttpGate {
-            setup,
+            grants,
+            tenant,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_INSTANCE)),
             trace: HttpTrace::default(),
         }
@@ -147,13 +153,7 @@ impl HttpGate {
     /// request then fails at once with `connection-limit-reached`.
     fn connection_permits(&self) -> Option<ConnectionPermits> {
         let instance = self.connections.clone().try_acquire_owned().ok()?;
-        let tenant = self
-            .setup
-            .connections
-            .connections
-            .clone()
-            .try_acquire_owned()
-            .ok()?;
+        let tenant = self.tenant.connections.clone().try_acquire_owned().ok()?;
         Some((instance, tenant))
     }
 
@@ -167,14 +167,14 @@ impl HttpGate {
 
     /// The addresses the request may connect to, or why none.
     async fn addresses(&self, target: &Target) -> Result<Vec<SocketAddr>, Error> {
-        let grants = &self.setup.grants.http;
+        let grants = &self.grants;
         let Some(pattern) = grants.allowed.iter().find(|p| p.matches(target)) else {
             return Err(self.refuse(target, "no `grants.http` entry names it"));
         };
         let found: Vec<SocketAddr> = match &target.host {
             Host::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
             Host::Name(name) => {
-                let tenant = &self.setup.connections.lookups;
+                let tenant = &self.tenant.lookups;
                 lookup(name.clone(), target.port, tenant, host_lookups()).await?
             }
         };
@@ -378,7 +378,7 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, Error> {
 
 impl WasiHttpHooks for HttpGate {
     fn p2_outgoing_body_chunk_size(&mut self) -> usize {
-        super::store::MAX_BODY_CHUNK
+        MAX_BODY_CHUNK
     }
 
     fn send_request(
@@ -410,7 +410,8 @@ impl WasiHttpHooks for HttpGate {
             }
         }
         let gate = HttpGate {
-            setup: self.setup.clone(),
+            grants: self.grants.clone(),
+            tenant: self.tenant.clone(),
             connections: self.connections.clone(),
             trace: HttpTrace {
                 context,

@@ -10,16 +10,18 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::bindings::{Handler, HandlerPre};
 use super::cpu::{CpuLane, OnCpu};
+use super::http::HttpConnections;
 use super::http::HttpTrace;
-use super::module::{Failure, LogTags, Module};
+use super::module::{Failure, Module, PoolNeeds};
 use super::outbox::{Outgoing, Owners};
-use super::share::TenantShare;
+use super::output::GuestLog;
 use super::store::{InstanceSetup, StoreState};
+use super::tags::LogTags;
 use super::{Delivery, Outcome};
 use crate::sync::Locked;
 use crate::telemetry::Telemetry;
 use wharf_core::brokers::BrokerKind;
-use wharf_core::config::InstancePolicy;
+use wharf_core::config::{InstancePolicy, TenantBudget};
 use wharf_core::grants::Grants;
 use wharf_core::trace::TraceContext;
 
@@ -30,6 +32,31 @@ pub struct CallLimits {
     pub timeout: Duration,
     /// Linear memory of the instance, in bytes.
     pub memory: u64,
+}
+
+/// One tenant's share of the host, as its instances see it.
+#[derive(Clone)]
+pub struct TenantShare {
+    /// Instance memory, if the tenant sets `max_memory`.
+    pub memory: Option<MemoryBudget>,
+    /// Where its handlers take turns on the cores.
+    pub lane: CpuLane,
+    /// Its outbound HTTP connections.
+    pub http_connections: HttpConnections,
+    /// What its handlers may log.
+    pub log: GuestLog,
+}
+
+impl TenantShare {
+    /// The share `budget` gives.
+    pub fn new(budget: &TenantBudget) -> TenantShare {
+        TenantShare {
+            memory: budget.max_memory.map(MemoryBudget::new),
+            lane: CpuLane::new(budget.max_cpu),
+            http_connections: HttpConnections::new(budget.max_http_connections),
+            log: GuestLog::new(budget.log_rate, budget.log_level),
+        }
+    }
 }
 
 /// Memory shared by several mounts' instances (a tenant's `max_memory`).
@@ -165,15 +192,6 @@ pub struct InstanceSlots {
     probes: Arc<Semaphore>,
     totals: (u32, u32),
     kept: Kept,
-}
-
-/// What one instance of a module takes from the pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolNeeds {
-    /// Linear memories.
-    pub memories: u32,
-    /// Tables.
-    pub tables: u32,
 }
 
 /// An instance's room in the pool, given back when dropped.

@@ -15,20 +15,22 @@ mod instances;
 mod module;
 mod outbox;
 mod output;
-mod share;
 mod store;
-pub use store::{MAX_BODY_CHUNK, MAX_HEADER_BYTES, MAX_RESOURCES};
+mod tags;
+pub use http::MAX_BODY_CHUNK;
+pub use store::{MAX_HEADER_BYTES, MAX_RESOURCES};
 
 pub use cpu::CpuLane;
 pub use engine::Sandbox;
 pub use grants::Denied;
 pub use http::{HttpConnections, MAX_CONNECTIONS_PER_INSTANCE};
 pub use instances::{
-    Call, CallLimits, InstanceSlots, Instances, MemoryBudget, MemoryHeld, PoolNeeds, Reserved,
+    Call, CallLimits, InstanceSlots, Instances, MemoryBudget, MemoryHeld, Reserved, TenantShare,
 };
-pub use module::{Failure, LoadError, LogTags, Module};
+pub use module::{Failure, LoadError, Module, PoolNeeds};
 pub use outbox::{Outgoing, Owners};
-pub use share::{GuestLog, TenantShare};
+pub use output::GuestLog;
+pub use tags::LogTags;
 
 /// Bindings generated from `wit/handler.wit`.
 pub mod bindings {

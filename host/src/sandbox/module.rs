@@ -7,9 +7,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Trap};
 
 use super::bindings::HandlerPre;
-use super::engine::{MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT};
 use super::grants::{self, Denied};
-use super::instances::PoolNeeds;
 use super::store::StoreState;
 
 /// The unit linear memory is sized in.
@@ -121,13 +119,18 @@ impl fmt::Display for Failure {
     }
 }
 
-/// Whose handler is running; tags its log lines.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogTags {
-    /// The tenant's name.
-    pub tenant: Arc<str>,
-    /// The mount's name.
-    pub mount: Arc<str>,
+/// Linear memories one component may define; more is refused at load.
+pub const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
+/// Tables one component may define; more is refused at load.
+pub const MAX_TABLES_PER_COMPONENT: u32 = 16;
+
+/// What one instance of a module takes from the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolNeeds {
+    /// Linear memories.
+    pub memories: u32,
+    /// Tables.
+    pub tables: u32,
 }
 
 /// A compiled, validated and pre-linked handler component. Clones share

@@ -4,14 +4,15 @@
 
 use std::sync::{Arc, RwLock};
 
+use wasmtime::component::HasData;
 use wharf_core::brokers::BrokerKind;
-use wharf_core::grants::{AddressOwners, Refusal};
+use wharf_core::grants::{AddressOwners, Grants, Refusal};
 use wharf_core::message::OutputMessage;
 use wharf_core::message::reserved_property;
 use wharf_core::text::{SHOWN_BYTES, Untrusted, shown};
 
 use super::bindings::wharf::handler::outbox::{Host, Message, SendError};
-use super::store::StoreState;
+use super::output::GuestLog;
 use super::{Delivery, Value};
 use crate::sync::ReadWrite;
 
@@ -122,7 +123,29 @@ fn size(address: &Untrusted, message: &Message) -> u64 {
         + properties) as u64
 }
 
-impl StoreState {
+/// The outbox of one call, and what checking a message against the
+/// mount's grants needs: what the `outbox` import sees of the store.
+pub(crate) struct OutboxView<'a> {
+    /// What the call has sent.
+    pub(crate) outbox: &'a mut Outbox,
+    /// What the mount grants.
+    pub(crate) grants: &'a Grants,
+    /// What the host's tenants own.
+    pub(crate) owners: &'a Owners,
+    /// The tenant sending.
+    pub(crate) tenant: &'a str,
+    /// Its log allowance, which refusals are charged to.
+    pub(crate) log: &'a GuestLog,
+}
+
+/// The `outbox` import's part of the store.
+pub(crate) struct HasOutbox;
+
+impl HasData for HasOutbox {
+    type Data<'a> = OutboxView<'a>;
+}
+
+impl OutboxView<'_> {
     fn keep_output(&mut self, address: Untrusted, message: Message) -> Result<(), SendError> {
         if let Some(reserved) = message
             .properties
@@ -138,8 +161,8 @@ impl StoreState {
                 ),
             );
         }
-        let limits = self.setup.grants.outputs;
-        let outbox = &mut self.outbox;
+        let limits = self.grants.outputs;
+        let outbox = &mut *self.outbox;
         if outbox.outputs.len() >= limits.max_outputs as usize {
             return Err(SendError::TooMany);
         }
@@ -167,7 +190,7 @@ impl StoreState {
     fn denied(&self, what: &str, address: &Untrusted, why: &str) -> Result<(), SendError> {
         // Charged to the tenant's log_rate: a handler asking again and
         // again cannot flood the log.
-        if self.setup.log.take(why.len() + SHOWN_BYTES) {
+        if self.log.take(why.len() + SHOWN_BYTES) {
             tracing::warn!(
                 address = %address,
                 "the handler's {what} was denied: {why}"
@@ -177,13 +200,13 @@ impl StoreState {
     }
 }
 
-impl Host for StoreState {
+impl Host for OutboxView<'_> {
     fn send(&mut self, address: String, message: Message) -> Result<(), SendError> {
         let address = Untrusted::from(address);
-        let checked = self.setup.owners.current().check_send(
+        let checked = self.owners.current().check_send(
             self.outbox.broker,
-            &self.setup.tags.tenant,
-            &self.setup.grants.send,
+            self.tenant,
+            &self.grants.send,
             &address,
         );
         if let Err(refusal) = checked {
@@ -193,7 +216,7 @@ impl Host for StoreState {
     }
 
     fn reply(&mut self, mut message: Message) -> Result<(), SendError> {
-        let grant = &self.setup.grants.reply;
+        let grant = &self.grants.reply;
         let Some(address) = self.outbox.reply_to.clone().filter(|a| !a.is_empty()) else {
             if !grant.granted() {
                 return self.denied(
@@ -204,12 +227,10 @@ impl Host for StoreState {
             }
             return Err(SendError::NoReplyTo);
         };
-        let checked = self.setup.owners.current().check_reply(
-            self.outbox.broker,
-            &self.setup.tags.tenant,
-            grant,
-            &address,
-        );
+        let checked =
+            self.owners
+                .current()
+                .check_reply(self.outbox.broker, self.tenant, grant, &address);
         if let Err(refusal) = checked {
             return self.refused("reply", &address, refusal);
         }

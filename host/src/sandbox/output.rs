@@ -1,22 +1,28 @@
 //! A guest's stdout and stderr, routed line by line into the host log.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
 use std::task::{Context, Poll};
+use tokio::time::Instant;
+use wharf_core::config::LogLevel;
 
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-use super::store::{InstanceSetup, MAX_LOG_LINE};
 use crate::sync::Locked;
-use wharf_core::grants::Output;
 use wharf_core::text::shown_up_to;
 
 /// Bytes of output kept per stream and delivery; the rest is counted and
 /// dropped, so a chatty or hostile guest cannot flood the log.
 const MAX_OUTPUT: usize = 64 * 1024;
+
+/// Longest guest log line kept (from the `log` import or its output
+/// streams); the rest is cut so a handler cannot flood the host's log.
+pub(crate) const MAX_LOG_LINE: usize = 4096;
 
 /// The most a guest may write in one call (WASI's `check-write`).
 const MAX_WRITE: usize = 64 * 1024;
@@ -28,11 +34,19 @@ pub(crate) struct LogOutput {
 }
 
 impl LogOutput {
-    pub(crate) fn new(setup: Arc<InstanceSetup>, stream: &'static str) -> LogOutput {
+    /// The `stream` of an instance whose lines go to `log` (nowhere when
+    /// `discard`); bytes over the allowance are counted in `dropped`.
+    pub(crate) fn new(
+        stream: &'static str,
+        log: GuestLog,
+        discard: bool,
+        dropped: Arc<AtomicU64>,
+    ) -> LogOutput {
         LogOutput {
             lines: Arc::new(Mutex::new(Lines {
-                discard: setup.grants.output == Output::Drop,
-                setup,
+                discard,
+                log,
+                dropped_total: dropped,
                 stream,
                 pending: Vec::new(),
                 kept: 0,
@@ -53,7 +67,9 @@ impl LogOutput {
 }
 
 struct Lines {
-    setup: Arc<InstanceSetup>,
+    log: GuestLog,
+    /// Bytes dropped, across calls, until the host asks.
+    dropped_total: Arc<AtomicU64>,
     stream: &'static str,
     /// The mount routes output nowhere.
     discard: bool,
@@ -83,7 +99,7 @@ impl Lines {
     }
 
     fn emit(&mut self, line: &[u8]) {
-        if !self.setup.log.take(line.len()) {
+        if !self.log.take(line.len()) {
             self.dropped += line.len();
             return;
         }
@@ -104,7 +120,8 @@ impl Lines {
             self.emit(&line);
         }
         if self.dropped > 0 {
-            self.setup.output_dropped(self.dropped);
+            self.dropped_total
+                .fetch_add(self.dropped as u64, Ordering::Relaxed);
             tracing::warn!(
                 stream = self.stream,
                 dropped_bytes = self.dropped,
@@ -177,5 +194,71 @@ impl AsyncWrite for LogOutput {
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+/// What a tenant's handlers may log: bytes per second (a bucket holding
+/// one second's worth, so a burst of that much passes) and the most severe
+/// level.
+#[derive(Clone)]
+pub struct GuestLog {
+    bucket: Arc<Mutex<Bucket>>,
+    /// The most severe level a line is logged at.
+    pub level: LogLevel,
+}
+
+struct Bucket {
+    per_second: f64,
+    bytes: f64,
+    filled: Instant,
+}
+
+impl GuestLog {
+    /// `per_second` bytes a second, lines logged at most at `level`.
+    pub fn new(per_second: u64, level: LogLevel) -> GuestLog {
+        let per_second = per_second as f64;
+        GuestLog {
+            bucket: Arc::new(Mutex::new(Bucket {
+                per_second,
+                bytes: per_second,
+                filled: Instant::now(),
+            })),
+            level,
+        }
+    }
+
+    /// Whether a line of `bytes` may be logged now; if so it is counted.
+    pub(crate) fn take(&self, bytes: usize) -> bool {
+        let mut bucket = self.bucket.locked();
+        let now = Instant::now();
+        let refill = now.duration_since(bucket.filled).as_secs_f64() * bucket.per_second;
+        bucket.bytes = (bucket.bytes + refill).min(bucket.per_second);
+        bucket.filled = now;
+        let bytes = bytes as f64;
+        if bytes <= bucket.bytes {
+            bucket.bytes -= bytes;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_past_the_rate_is_dropped_and_the_rate_comes_back() {
+        let log = GuestLog::new(1000, LogLevel::Warn);
+        assert!(log.take(600));
+        assert!(log.take(400));
+        assert!(
+            !log.take(100),
+            "more than a second's worth went through at once"
+        );
+        tokio::time::advance(std::time::Duration::from_millis(200)).await;
+        assert!(log.take(200), "nothing came back after 200 ms");
+        assert!(!log.take(1), "more came back than 200 ms hold");
     }
 }

@@ -9,18 +9,14 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
+use super::grants::Granted;
 use super::http::{HttpConnections, HttpGate};
-use super::module::LogTags;
-use super::outbox::{Outbox, Owners};
-use super::output::LogOutput;
-use super::share::GuestLog;
+use super::outbox::{Outbox, OutboxView, Owners};
+use super::output::{GuestLog, LogOutput, MAX_LOG_LINE};
+use super::tags::LogTags;
 use wharf_core::config::LogLevel;
-use wharf_core::grants::Grants;
+use wharf_core::grants::{Grants, HttpGrants, Output};
 use wharf_core::text::shown_up_to;
-
-/// Longest guest log line kept (from the `log` import or its output
-/// streams); the rest is cut so a handler cannot flood the host's log.
-pub(crate) const MAX_LOG_LINE: usize = 4096;
 
 /// Bytes of `log` calls kept per delivery; the rest is counted and dropped.
 const MAX_LOG_PER_CALL: usize = 64 * 1024;
@@ -32,9 +28,6 @@ pub const MAX_RESOURCES: usize = 1024;
 /// The most one header map (`wasi:http` fields) may take on the host, in
 /// wasmtime's accounting (a little more than its size on the wire).
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
-
-/// The most of an outgoing request body buffered on the host per write.
-pub const MAX_BODY_CHUNK: usize = 64 * 1024;
 
 /// What every instance of one mount's module shares.
 pub(crate) struct InstanceSetup {
@@ -49,7 +42,9 @@ pub(crate) struct InstanceSetup {
     /// Whether the empty environment has been noted in the log yet.
     empty_environment_noted: AtomicBool,
     /// Output bytes over the per-delivery allowance, not yet reported.
-    output_dropped: AtomicU64,
+    output_dropped: Arc<AtomicU64>,
+    /// What the mount grants of `wasi:http`, for each instance's gate.
+    http: Arc<HttpGrants>,
 }
 
 impl InstanceSetup {
@@ -62,12 +57,13 @@ impl InstanceSetup {
     ) -> InstanceSetup {
         InstanceSetup {
             tags,
+            http: Arc::new(grants.http.clone()),
             grants,
             owners,
             connections,
             log,
             empty_environment_noted: AtomicBool::new(false),
-            output_dropped: AtomicU64::new(0),
+            output_dropped: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -102,8 +98,16 @@ pub(crate) struct StoreState {
 
 impl StoreState {
     pub(crate) fn new(setup: Arc<InstanceSetup>, memory_limit: u64, lane: CpuLane) -> StoreState {
-        let stdout = LogOutput::new(setup.clone(), "stdout");
-        let stderr = LogOutput::new(setup.clone(), "stderr");
+        let output = |stream| {
+            let discard = setup.grants.output == Output::Drop;
+            LogOutput::new(
+                stream,
+                setup.log.clone(),
+                discard,
+                setup.output_dropped.clone(),
+            )
+        };
+        let (stdout, stderr) = (output("stdout"), output("stderr"));
         // Deny by default: no preopened directories, no arguments, no
         // sockets; only the granted environment. Clocks and random are
         // checked against the grants when called (see `grants`).
@@ -115,7 +119,7 @@ impl StoreState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
-        let http_gate = HttpGate::new(setup.clone());
+        let http_gate = HttpGate::new(setup.http.clone(), setup.connections.clone());
         StoreState {
             wasi,
             table: {
@@ -156,8 +160,27 @@ impl StoreState {
         self.stdout.end_call();
         self.stderr.end_call();
     }
+}
 
-    pub(crate) fn note_empty_environment(&self) {
+impl StoreState {
+    /// What the `outbox` import sees of the store.
+    pub(crate) fn outbox_view(&mut self) -> OutboxView<'_> {
+        OutboxView {
+            outbox: &mut self.outbox,
+            grants: &self.setup.grants,
+            owners: &self.setup.owners,
+            tenant: &self.setup.tags.tenant,
+            log: &self.setup.log,
+        }
+    }
+}
+
+impl Granted for StoreState {
+    fn grants(&self) -> &Grants {
+        &self.setup.grants
+    }
+
+    fn note_empty_environment(&self) {
         if !self
             .setup
             .empty_environment_noted
