@@ -14,7 +14,7 @@ use crate::events::Event;
 use wharf_core::brokers::BrokerKind;
 use wharf_core::brokers::QueueKind;
 use wharf_core::config::{
-    DelayChoice, Node, RetryChoice, RetryCopiesTo, SubscriptionKind, TopicSubscription,
+    DelayChoice, Mount, Node, RetryChoice, RetryCopiesTo, SubscriptionKind, TopicSubscription,
 };
 use wharf_core::settlement::{LinkOffers, outputs_in_transactions, policy_for};
 use wharf_core::settlement::{Policy, RetryPath};
@@ -88,6 +88,44 @@ pub(crate) struct AttachedMount {
     pub(super) session: PooledSession,
 }
 
+/// The receiver's link name. On a durable subscription it is the
+/// subscription's name, which the broker names its queue after. A shared
+/// one's link names carry `|<attach>` (dropped by the broker, as for Qpid
+/// JMS's), so a replaced mount attaches beside its predecessor on the same
+/// connection.
+fn receiver_name(spec: &MountSpec, link_name: &str) -> String {
+    match &spec.config.subscription {
+        Some(topic) if topic.kind == SubscriptionKind::DurableShared => {
+            format!("{}|{}", topic.name, spec.generation)
+        }
+        Some(topic) if topic.kind == SubscriptionKind::Durable => topic.name.clone(),
+        _ => link_name.to_owned(),
+    }
+}
+
+/// Where the mount's own senders go: copies to its address (or to its
+/// subscription's queue, `own_queue`), dead letters to its dead-letter
+/// address, a queue whenever the mount says what its nodes are.
+fn sender_targets<'a>(mount: &'a Mount, own_queue: Option<&'a str>) -> Vec<SenderTarget<'a>> {
+    let mut targets = vec![match own_queue {
+        Some(queue) => SenderTarget {
+            address: queue,
+            capability: None,
+        },
+        None => SenderTarget {
+            address: &mount.address,
+            capability: mount.node.map(Node::capability),
+        },
+    }];
+    if let Some(dead_letter) = &mount.dead_letter {
+        targets.push(SenderTarget {
+            address: dead_letter,
+            capability: mount.node.map(|_| Node::Queue.capability()),
+        });
+    }
+    targets
+}
+
 impl Links {
     /// Attaches the mount's receiver, and senders for its own address and
     /// its dead-letter address, all on `session`, within the broker's
@@ -118,18 +156,7 @@ impl Links {
                 source: AttachFailure::Unsupported(crate::broker::RABBITMQ_HAS_NO_TOPICS),
             });
         }
-        // On a durable subscription the receiver's link name is the
-        // subscription's name, which the broker names its queue after. A
-        // shared one's link names carry `|<attach>` (dropped by the broker,
-        // as for Qpid JMS's), so a replaced mount attaches beside its
-        // predecessor on the same connection.
-        let receiver_name = match topic {
-            Some(topic) if topic.kind == SubscriptionKind::DurableShared => {
-                format!("{}|{}", topic.name, spec.generation)
-            }
-            Some(topic) if topic.kind == SubscriptionKind::Durable => topic.name.clone(),
-            _ => link_name.clone(),
-        };
+        let receiver_name = receiver_name(&spec, &link_name);
         let options = ReceiverOptions {
             link_name: &receiver_name,
             address: &mount.address,
@@ -151,22 +178,7 @@ impl Links {
         let own_queue = topic
             .filter(|topic| topic.retry_copies_to == RetryCopiesTo::Subscription)
             .map(|topic| format!("{}::{}", mount.address, subscription_queue(topic)));
-        let mut targets = vec![match &own_queue {
-            Some(queue) => SenderTarget {
-                address: queue,
-                capability: None,
-            },
-            None => SenderTarget {
-                address: &mount.address,
-                capability,
-            },
-        }];
-        if let Some(dead_letter) = &mount.dead_letter {
-            targets.push(SenderTarget {
-                address: dead_letter,
-                capability: mount.node.map(|_| Node::Queue.capability()),
-            });
-        }
+        let targets = sender_targets(mount, own_queue.as_deref());
         // Outputs, like dead letters, go to queues whenever the mount says
         // what its nodes are.
         let output_capability = mount.node.map(|_| Node::Queue.capability());

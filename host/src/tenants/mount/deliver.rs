@@ -17,7 +17,7 @@ use crate::sandbox::{Call, Reserved};
 use crate::tenants::budget::Room;
 use wharf_core::config::Settle;
 use wharf_core::message::{self, DeliveryContext};
-use wharf_core::settlement::{self, Disposition, Outcome, Publish};
+use wharf_core::settlement::{self, Counters, Disposition, Outcome, Plan, Publish};
 use wharf_core::trace::TraceContext;
 
 /// Runs the handler on one delivery and carries out the plan for its
@@ -74,12 +74,7 @@ pub(super) async fn handle(
         report.ran(instances.module(), &result, instances.take_output_dropped());
         let outcome = outcome_of(&result, spec.config.max_retry_delay);
         spec.note_attempt(&message, &counters);
-        let policy = context.policy();
-        let mut plan = settlement::plan(&policy, &counters, outcome);
-        // Outputs go out with an acknowledgement and only with one.
-        if outcome == Outcome::Ack && !outputs.is_empty() {
-            plan = plan.with_outputs(&policy);
-        }
+        let plan = plan_for(&context, &counters, outcome, !outputs.is_empty());
         if matches!(plan.publish(), Some(Publish::Copy { delay, .. }) if !delay.is_zero()) {
             admission.release_running();
         }
@@ -109,6 +104,18 @@ pub(super) async fn handle(
     }
     .instrument(span)
     .await
+}
+
+/// The plan for `outcome`. Outputs go out with an acknowledgement and only
+/// with one.
+fn plan_for(context: &MountContext, counters: &Counters, outcome: Outcome, outputs: bool) -> Plan {
+    let policy = context.policy();
+    let plan = settlement::plan(&policy, counters, outcome);
+    if outcome == Outcome::Ack && outputs {
+        plan.with_outputs(&policy)
+    } else {
+        plan
+    }
 }
 
 /// Calls the handler with what it sees of `message`.

@@ -59,6 +59,13 @@ impl AttachedMount {
         let unsettled = Arc::new(Semaphore::new(spec.credit() as usize));
         let mut unsettled_slot = None;
         let mut admitting: Option<Admitting> = None;
+        let handling = Handling {
+            context: &context,
+            settler: &settler,
+            flush: &flush,
+            handlers: &handlers,
+            unsettled: &unsettled,
+        };
         let mut prune = tokio::time::interval(PRUNE_EVERY);
         // Made once: a cancellation future registers itself when polled.
         let stopped = stop.cancelled();
@@ -91,16 +98,7 @@ impl AttachedMount {
                     }
                     (inbound, room) = async { admitting.as_mut().expect("guarded").await }, if admitting.is_some() => {
                         admitting = None;
-                        // Boxed: the task then moves a pointer, not the
-                        // whole state of a delivery, as it starts and ends.
-                        tasks.spawn(Box::pin(deliver::handle(
-                            context.clone(),
-                            settler.clone(),
-                            *inbound,
-                            handler_slot.take(),
-                            room,
-                            flush.clone(),
-                        ).in_current_span()));
+                        handling.start(&mut tasks, inbound, handler_slot.take(), room);
                     }
                     received = subscription.recv(), if handler_slot.is_some() && unsettled_slot.is_some() && admitting.is_none() => match received {
                         Ok(Received::Delivery(inbound)) => {
@@ -108,13 +106,7 @@ impl AttachedMount {
                             admitting = Some(admit(&spec, inbound, unsettled));
                         }
                         Ok(Received::Unhandled(unread)) => {
-                            tasks.spawn(settle_unhandled(
-                                context.clone(),
-                                settler.clone(),
-                                unread,
-                                unsettled_slot.take(),
-                                flush.clone(),
-                            ).in_current_span());
+                            handling.refuse(&mut tasks, unread, unsettled_slot.take());
                         }
                         Err(e) => break Some(e),
                     },
@@ -125,24 +117,17 @@ impl AttachedMount {
         // while stopping need them.
         drop((handler_slot, unsettled_slot));
         let detach_budget = spec.grace / DETACH_SHARE;
-        match &failure {
-            None => {
-                let deadline = Instant::now() + spec.grace - detach_budget;
-                if spec.config.settle == Settle::AtMostOnce {
-                    let handling = Handling {
-                        context: &context,
-                        settler: &settler,
-                        flush: &flush,
-                        handlers: &handlers,
-                        unsettled: &unsettled,
-                    };
-                    take_the_rest(&mut subscription, &mut tasks, handling, admitting, deadline)
-                        .await;
-                }
-                drain(&subscription, &mut inbox, &mut tasks, &flush, deadline).await;
-            }
-            Some(_) => abandon(&mut tasks, &context),
-        }
+        let deadline = Instant::now() + spec.grace - detach_budget;
+        wind_down(
+            &mut subscription,
+            &mut inbox,
+            &mut tasks,
+            &handling,
+            admitting,
+            failure.is_some(),
+            deadline,
+        )
+        .await;
         // Detach the receiver and the senders together: the broker takes
         // back whatever is still unsettled.
         tokio::join!(
@@ -154,6 +139,30 @@ impl AttachedMount {
     }
 }
 
+/// Once the loop ends: when stopping, what is in flight finishes until
+/// `deadline` (at most once, after what the broker already sent is taken);
+/// when the link failed, it is abandoned.
+async fn wind_down(
+    subscription: &mut Subscription,
+    inbox: &mut Inbox,
+    tasks: &mut JoinSet<()>,
+    handling: &Handling<'_>,
+    admitting: Option<Admitting>,
+    failed: bool,
+    deadline: Instant,
+) {
+    if failed {
+        return abandon(tasks, handling.context);
+    }
+    if handling.context.spec.config.settle == Settle::AtMostOnce {
+        take_the_rest(subscription, tasks, handling, admitting, deadline).await;
+    }
+    drain(subscription, inbox, tasks, handling.flush, deadline).await;
+}
+
+/// The settle requests of the mount's delivery tasks.
+type Inbox = mpsc::UnboundedReceiver<SettleRequest>;
+
 /// What starting a delivery's task takes.
 struct Handling<'a> {
     context: &'a Arc<MountContext>,
@@ -161,6 +170,46 @@ struct Handling<'a> {
     flush: &'a CancellationToken,
     handlers: &'a Arc<Semaphore>,
     unsettled: &'a Arc<Semaphore>,
+}
+
+impl Handling<'_> {
+    /// Starts the task that runs the handler on `inbound`.
+    fn start(
+        &self,
+        tasks: &mut JoinSet<()>,
+        inbound: Box<Inbound>,
+        handler_slot: Option<OwnedSemaphorePermit>,
+        room: Room,
+    ) {
+        let handle = deliver::handle(
+            self.context.clone(),
+            self.settler.clone(),
+            *inbound,
+            handler_slot,
+            room,
+            self.flush.clone(),
+        );
+        // Boxed: the task then moves a pointer, not the whole state of a
+        // delivery, as it starts and ends.
+        tasks.spawn(Box::pin(handle.in_current_span()));
+    }
+
+    /// Starts the task that settles a delivery no handler sees.
+    fn refuse(
+        &self,
+        tasks: &mut JoinSet<()>,
+        unread: Unread,
+        unsettled: Option<OwnedSemaphorePermit>,
+    ) {
+        let settle = settle_unhandled(
+            self.context.clone(),
+            self.settler.clone(),
+            unread,
+            unsettled,
+            self.flush.clone(),
+        );
+        tasks.spawn(settle.in_current_span());
+    }
 }
 
 /// How long the link must stay quiet, once its credit is withdrawn, before
@@ -175,24 +224,14 @@ const QUIET: Duration = Duration::from_millis(200);
 async fn take_the_rest(
     subscription: &mut Subscription,
     tasks: &mut JoinSet<()>,
-    handling: Handling<'_>,
+    handling: &Handling<'_>,
     admitting: Option<Admitting>,
     deadline: Instant,
 ) {
     let start = async |tasks: &mut JoinSet<()>, inbound: Box<Inbound>, room: Room| {
         let slot =
             tokio::time::timeout_at(deadline, handling.handlers.clone().acquire_owned()).await;
-        tasks.spawn(Box::pin(
-            deliver::handle(
-                handling.context.clone(),
-                handling.settler.clone(),
-                *inbound,
-                slot.ok().and_then(Result::ok),
-                room,
-                handling.flush.clone(),
-            )
-            .in_current_span(),
-        ));
+        handling.start(tasks, inbound, slot.ok().and_then(Result::ok), room);
     };
     if let Some(admitting) = admitting
         && let Ok((inbound, room)) = tokio::time::timeout_at(deadline, admitting).await
@@ -217,16 +256,7 @@ async fn take_the_rest(
                 taken += 1;
             }
             Ok(Ok(Received::Unhandled(unread))) => {
-                tasks.spawn(
-                    settle_unhandled(
-                        handling.context.clone(),
-                        handling.settler.clone(),
-                        unread,
-                        Some(unsettled),
-                        handling.flush.clone(),
-                    )
-                    .in_current_span(),
-                );
+                handling.refuse(tasks, unread, Some(unsettled));
             }
             Ok(Err(_)) | Err(_) => break,
         }
@@ -261,11 +291,7 @@ const SETTLE_BATCH: usize = 256;
 /// Sends the disposition `first` asks for, and those of every other request
 /// already waiting, grouped by kind: deliveries finishing together are
 /// settled with a few frames rather than one each.
-async fn answer(
-    subscription: &Subscription,
-    first: SettleRequest,
-    inbox: &mut mpsc::UnboundedReceiver<SettleRequest>,
-) {
+async fn answer(subscription: &Subscription, first: SettleRequest, inbox: &mut Inbox) {
     let mut requests = vec![first];
     while requests.len() < SETTLE_BATCH
         && let Ok(request) = inbox.try_recv()
@@ -314,7 +340,7 @@ async fn answer(
 /// copies are published at once. What is left then stays unsettled.
 async fn drain(
     subscription: &Subscription,
-    inbox: &mut mpsc::UnboundedReceiver<SettleRequest>,
+    inbox: &mut Inbox,
     tasks: &mut JoinSet<()>,
     flush: &CancellationToken,
     deadline: Instant,

@@ -129,16 +129,13 @@ pub(super) async fn carry_out(
         // Outputs go out with the first plan only: no plan made instead
         // publishes any.
         let outputs = if instead.is_none() { outputs } else { &[] };
-        let step = carry_out_plan(
+        let carrier = Carrier {
             context,
             settler,
             arrived,
-            plan,
-            outputs,
             flush,
-            reason.as_deref(),
-        );
-        match step.await {
+        };
+        match carry_out_plan(&carrier, plan, outputs, reason.as_deref()).await {
             Step::Done { disposition, error } => {
                 errors.extend(error);
                 return Settled {
@@ -171,49 +168,30 @@ enum Step {
     Instead { plan: Plan, reason: String },
 }
 
+/// What carrying out a delivery's plans takes.
+#[derive(Clone, Copy)]
+struct Carrier<'a> {
+    context: &'a MountContext,
+    settler: &'a Settler,
+    arrived: &'a Arrived<'a>,
+    /// Cancelled once the mount is stopping.
+    flush: &'a CancellationToken,
+}
+
 async fn carry_out_plan(
-    context: &MountContext,
-    settler: &Settler,
-    arrived: &Arrived<'_>,
+    carrier: &Carrier<'_>,
     plan: Plan,
     outputs: &[Outgoing],
-    flush: &CancellationToken,
     reason: Option<&str>,
 ) -> Step {
-    let settle = async |disposition: Option<Disposition>, error: Option<String>| {
-        let Some(disposition) = disposition else {
-            return Step::Done {
-                disposition: None,
-                error,
-            };
-        };
-        let (_, mut span) = context.spec.telemetry.child(
-            arrived.trace,
-            format_args!("settle {}", context.spec.config.address),
-            Kind::Client,
-        );
-        if let Some(span) = &mut span {
-            context.peer.describe(span);
-            span.set("messaging.operation.type", "settle");
-            span.set("messaging.operation.name", disposition.as_str());
-            span.set(
-                "messaging.destination.name",
-                context.spec.config.address.clone(),
-            );
-        }
-        let unread = arrived
-            .unread
-            .map(|(unhandled, reason)| (unhandled, reason.to_owned()));
-        let sent = settler
-            .settle(arrived.info.clone(), disposition, unread)
-            .await;
-        if let (Some(span), Err(error)) = (&mut span, &sent) {
-            span.fail("settle", error.to_string());
-        }
-        Step::Done {
-            disposition: sent.is_ok().then_some(disposition),
-            error: error.or(sent.err().map(|e| e.to_string())),
-        }
+    let Carrier {
+        context,
+        settler,
+        arrived,
+        flush,
+    } = *carrier;
+    let settle = async |disposition, error| {
+        send_disposition(context, settler, arrived, disposition, error).await
     };
     let Some(publish) = plan.publish() else {
         let disposition = match plan {
@@ -228,7 +206,7 @@ async fn carry_out_plan(
         (Publish::Outputs, Some(transactions)) => {
             commit_outputs(context, transactions, arrived, outputs).await
         }
-        _ => publish_one(context, arrived, publish, outputs, flush, reason).await,
+        _ => publish_one(carrier, publish, outputs, reason).await,
     };
     let error = published.failure().map(str::to_owned);
     let policy = context.policy();
@@ -260,38 +238,67 @@ async fn carry_out_plan(
     }
 }
 
+/// Sends `disposition` (none: nothing to send), in a span of its own;
+/// `error` is what went wrong before.
+async fn send_disposition(
+    context: &MountContext,
+    settler: &Settler,
+    arrived: &Arrived<'_>,
+    disposition: Option<Disposition>,
+    error: Option<String>,
+) -> Step {
+    let Some(disposition) = disposition else {
+        return Step::Done {
+            disposition: None,
+            error,
+        };
+    };
+    let (_, mut span) = context.spec.telemetry.child(
+        arrived.trace,
+        format_args!("settle {}", context.spec.config.address),
+        Kind::Client,
+    );
+    if let Some(span) = &mut span {
+        context.peer.describe(span);
+        span.set("messaging.operation.type", "settle");
+        span.set("messaging.operation.name", disposition.as_str());
+        span.set(
+            "messaging.destination.name",
+            context.spec.config.address.clone(),
+        );
+    }
+    let unread = arrived
+        .unread
+        .map(|(unhandled, reason)| (unhandled, reason.to_owned()));
+    let sent = settler
+        .settle(arrived.info.clone(), disposition, unread)
+        .await;
+    if let (Some(span), Err(error)) = (&mut span, &sent) {
+        span.fail("settle", error.to_string());
+    }
+    Step::Done {
+        disposition: sent.is_ok().then_some(disposition),
+        error: error.or(sent.err().map(|e| e.to_string())),
+    }
+}
+
 /// Publishes what the plan owes and waits for the broker's answer. A held
 /// copy first waits out its delay (or until the mount stops).
 async fn publish_one(
-    context: &MountContext,
-    arrived: &Arrived<'_>,
+    carrier: &Carrier<'_>,
     publish: Publish,
     outputs: &[Outgoing],
-    flush: &CancellationToken,
     reason: Option<&str>,
 ) -> Published {
-    let spec = &context.spec;
+    let Carrier {
+        context,
+        arrived,
+        flush,
+        ..
+    } = *carrier;
     match publish {
         Publish::Outputs => publish_outputs(context, arrived, outputs).await,
-        Publish::DeadLetter => {
-            let address = spec
-                .config
-                .dead_letter
-                .as_deref()
-                .expect("plans only dead-letter when the mount declares an address");
-            let (trace, mut span) = send_span(context, arrived.trace, address);
-            crate::telemetry::set(&mut span, "wharf.dead_letter", true);
-            let mut payload = with_reason(arrived.payload.clone(), reason);
-            if let Some(trace) = &trace {
-                payload = wharf_core::trace::carried_on_payload(&payload, trace).unwrap_or(payload);
-            }
-            let published = published(context.publisher.publish(address, payload).await);
-            sent(span, &published);
-            if published == Published::Accepted {
-                spec.metrics.dead_lettered();
-            }
-            published
-        }
+        Publish::DeadLetter => publish_dead_letter(context, arrived, reason).await,
         Publish::Copy {
             retry_count,
             delay,
@@ -305,49 +312,89 @@ async fn publish_one(
                     None
                 }
             };
-            let (trace, mut span) = send_span(context, arrived.trace, &spec.config.address);
-            let message_id = arrived.message.and_then(AmqpMessage::message_id);
-            if let Some(span) = &mut span {
-                span.set("wharf.retry_count", i64::from(retry_count));
-                span.set("wharf.delay_ms", delay.as_millis() as i64);
-                if let Some(id) = &message_id {
-                    span.set("messaging.message.id", shown(id).to_string());
-                }
-            }
-            let copy = CopyOf {
-                retry_count,
-                due,
-                trace: trace.as_ref(),
-                seal: spec.retry_key.as_ref(),
-            };
-            let made = match arrived.message {
-                Some(message) => message::copy_payload(arrived.payload, message, copy),
-                None => Err(message::DecodeFailure::new(
-                    "no message was read to copy".to_owned(),
-                )),
-            };
-            let published = match made {
-                Ok(payload) => published(
-                    context
-                        .publisher
-                        .publish(&spec.config.address, payload)
-                        .await,
-                ),
-                Err(e) => not_encoded(&e),
-            };
-            sent(span, &published);
-            spec.metrics
-                .copy_published(published == Published::Accepted);
-            let _ = spec.events.send(Event::CopyPublished {
-                tenant: spec.tags.tenant.clone(),
-                mount: spec.tags.mount.clone(),
-                message_id,
-                retry_count,
-                error: published.failure().map(str::to_owned),
-            });
-            published
+            publish_copy(context, arrived, retry_count, delay, due).await
         }
     }
+}
+
+/// Publishes the delivery as it arrived, with `reason` when there is one,
+/// to the mount's dead-letter address.
+async fn publish_dead_letter(
+    context: &MountContext,
+    arrived: &Arrived<'_>,
+    reason: Option<&str>,
+) -> Published {
+    let address = context
+        .spec
+        .config
+        .dead_letter
+        .as_deref()
+        .expect("plans only dead-letter when the mount declares an address");
+    let (trace, mut span) = send_span(context, arrived.trace, address);
+    crate::telemetry::set(&mut span, "wharf.dead_letter", true);
+    let mut payload = with_reason(arrived.payload.clone(), reason);
+    if let Some(trace) = &trace {
+        payload = wharf_core::trace::carried_on_payload(&payload, trace).unwrap_or(payload);
+    }
+    let published = published(context.publisher.publish(address, payload).await);
+    sent(span, &published);
+    if published == Published::Accepted {
+        context.spec.metrics.dead_lettered();
+    }
+    published
+}
+
+/// Publishes a copy of the delivery, counted `retry_count`, due at `due`
+/// (scheduled on the broker) or now.
+async fn publish_copy(
+    context: &MountContext,
+    arrived: &Arrived<'_>,
+    retry_count: u32,
+    delay: Duration,
+    due: Option<SystemTime>,
+) -> Published {
+    let spec = &context.spec;
+    let (trace, mut span) = send_span(context, arrived.trace, &spec.config.address);
+    let message_id = arrived.message.and_then(AmqpMessage::message_id);
+    if let Some(span) = &mut span {
+        span.set("wharf.retry_count", i64::from(retry_count));
+        span.set("wharf.delay_ms", delay.as_millis() as i64);
+        if let Some(id) = &message_id {
+            span.set("messaging.message.id", shown(id).to_string());
+        }
+    }
+    let copy = CopyOf {
+        retry_count,
+        due,
+        trace: trace.as_ref(),
+        seal: spec.retry_key.as_ref(),
+    };
+    let made = match arrived.message {
+        Some(message) => message::copy_payload(arrived.payload, message, copy),
+        None => Err(message::DecodeFailure::new(
+            "no message was read to copy".to_owned(),
+        )),
+    };
+    let published = match made {
+        Ok(payload) => published(
+            context
+                .publisher
+                .publish(&spec.config.address, payload)
+                .await,
+        ),
+        Err(e) => not_encoded(&e),
+    };
+    sent(span, &published);
+    spec.metrics
+        .copy_published(published == Published::Accepted);
+    let _ = spec.events.send(Event::CopyPublished {
+        tenant: spec.tags.tenant.clone(),
+        mount: spec.tags.mount.clone(),
+        message_id,
+        retry_count,
+        error: published.failure().map(str::to_owned),
+    });
+    published
 }
 
 /// A dead letter's payload, with the reason among its annotations when
