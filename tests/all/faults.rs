@@ -20,8 +20,8 @@ use crate::process::{WharfProcess, signal};
 use crate::proxy::Proxy;
 use crate::tenants::http_get;
 use crate::{
-    DEADLINE, MountToml, TenantToml, TestHost, artemis_url, config_text, repo_root, tenants_text,
-    unique, wait_for_count,
+    DEADLINE, MountToml, TenantToml, TestHost, artemis_url, config_text, repo_root, run_tool,
+    tenants_text, unique, wait_for_count,
 };
 
 /// What a fault test counted.
@@ -536,12 +536,8 @@ async fn a_crash_with_copies_held_for_rabbitmq_loses_nothing() -> anyhow::Result
 
 /// `rabbitmqctl` against the RabbitMQ 4 node.
 pub(crate) async fn rabbitmq4_ctl(args: &[&str]) -> anyhow::Result<()> {
-    let status = tokio::process::Command::new(repo_root().join("scripts/rabbitmq4"))
-        .arg("ctl")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .await?;
+    let mut ctl = tokio::process::Command::new(repo_root().join("scripts/rabbitmq4"));
+    let status = run_tool(ctl.arg("ctl").args(args)).await?.status;
     anyhow::ensure!(status.success(), "rabbitmqctl {args:?}: {status}");
     Ok(())
 }

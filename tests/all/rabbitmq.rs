@@ -7,12 +7,13 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use wharf::events::Event;
 use wharf_core::settlement::{DelayPath, Disposition, Publish};
 
 use crate::client::{Client, TestMessage, retry_count};
-use crate::{MountToml, TestHost, rabbitmq_url, start_with_client, unique, wait_for_count};
+use crate::{
+    MountToml, TestHost, rabbitmq_url, run_tool, start_with_client, unique, wait_for_count,
+};
 
 /// `/queue/NAME` declares the queue NAME on attach.
 fn queue(name: &str) -> String {
@@ -21,17 +22,14 @@ fn queue(name: &str) -> String {
 
 /// How many messages (ready and unacknowledged) RabbitMQ holds in `name`.
 async fn count(name: &str) -> anyhow::Result<u64> {
-    let output = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "list_queues",
-            "name",
-            "messages",
-            "--quiet",
-            "--no-table-headers",
-        ])
-        .output()
-        .await
-        .context("rabbitmqctl")?;
+    let output = run_tool(tokio::process::Command::new("rabbitmqctl").args([
+        "list_queues",
+        "name",
+        "messages",
+        "--quiet",
+        "--no-table-headers",
+    ]))
+    .await?;
     let listing = String::from_utf8_lossy(&output.stdout);
     Ok(listing
         .lines()
@@ -43,10 +41,13 @@ async fn count(name: &str) -> anyhow::Result<u64> {
 /// Asserts the queue is empty, then deletes it.
 async fn assert_empty_and_delete(name: &str) -> anyhow::Result<()> {
     assert_count(name, 0).await?;
-    let status = tokio::process::Command::new("rabbitmqctl")
-        .args(["delete_queue", name, "--quiet"])
-        .status()
-        .await?;
+    let status = run_tool(tokio::process::Command::new("rabbitmqctl").args([
+        "delete_queue",
+        name,
+        "--quiet",
+    ]))
+    .await?
+    .status;
     anyhow::ensure!(
         status.success(),
         "rabbitmqctl delete_queue {name}: {status}"

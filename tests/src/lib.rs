@@ -133,6 +133,23 @@ pub async fn wait_for_count(
     }
 }
 
+/// How long a broker's command-line tool may take: a node busy with
+/// another test can leave `rabbitmqctl` waiting without end.
+pub const TOOL_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Runs a broker's command-line tool, its output captured, killed and
+/// reported (naming it) if it does not finish within [`TOOL_DEADLINE`].
+pub async fn run_tool(
+    command: &mut tokio::process::Command,
+) -> anyhow::Result<std::process::Output> {
+    let name = format!("{:?}", command.as_std());
+    let output = command.kill_on_drop(true).output();
+    tokio::time::timeout(TOOL_DEADLINE, output)
+        .await
+        .with_context(|| format!("{name} did not finish within {TOOL_DEADLINE:?}"))?
+        .with_context(|| format!("{name} did not start"))
+}
+
 /// One `[[tenant.mount]]` table, as TOML lines after `name`/`module`/`address`.
 #[derive(Clone)]
 pub struct MountToml {

@@ -224,14 +224,13 @@ impl LogHost for StoreState {
         // Escaped, so a guest cannot forge log lines or drive the
         // operator's terminal.
         let message = shown_up_to(&message, MAX_LOG_LINE);
-        let tags = &self.setup.tags;
-        let (tenant, mount) = (&*tags.tenant, &*tags.mount);
+        // Its tenant and mount are those of the span it is logged in.
         match capped(level, self.setup.log.level) {
-            Level::Trace => tracing::trace!(target: "wharf::guest", tenant, mount, "{message}"),
-            Level::Debug => tracing::debug!(target: "wharf::guest", tenant, mount, "{message}"),
-            Level::Info => tracing::info!(target: "wharf::guest", tenant, mount, "{message}"),
-            Level::Warn => tracing::warn!(target: "wharf::guest", tenant, mount, "{message}"),
-            Level::Error => tracing::error!(target: "wharf::guest", tenant, mount, "{message}"),
+            Level::Trace => tracing::trace!(target: "wharf::guest", "{message}"),
+            Level::Debug => tracing::debug!(target: "wharf::guest", "{message}"),
+            Level::Info => tracing::info!(target: "wharf::guest", "{message}"),
+            Level::Warn => tracing::warn!(target: "wharf::guest", "{message}"),
+            Level::Error => tracing::error!(target: "wharf::guest", "{message}"),
         }
     }
 }
