@@ -5,6 +5,7 @@
 //! modules, dead-letter addresses that would loop back to the subscription.
 
 mod checks;
+mod defaults;
 mod raw;
 mod security;
 mod units;
@@ -26,6 +27,7 @@ use crate::grants::{
 };
 use crate::retry_key::RetryKey;
 use crate::text;
+pub use defaults::reference;
 pub use security::{Credentials, SaslMechanism, Secret, TlsFiles};
 pub use units::{parse_cpu, parse_duration, parse_size};
 
@@ -399,12 +401,21 @@ pub struct HostSettings {
     pub allow_private_networks: bool,
 }
 
+impl HostSettings {
+    /// Default `shutdown_grace`.
+    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// Default `max_instances`.
+    pub const DEFAULT_MAX_INSTANCES: u32 = 1000;
+    /// Default `max_buffered`.
+    pub const DEFAULT_MAX_BUFFERED: u64 = 1 << 30;
+}
+
 impl Default for HostSettings {
     fn default() -> Self {
         HostSettings {
-            shutdown_grace: default_grace(),
-            max_instances: default_max_instances(),
-            max_buffered: default_max_buffered(),
+            shutdown_grace: HostSettings::DEFAULT_SHUTDOWN_GRACE,
+            max_instances: HostSettings::DEFAULT_MAX_INSTANCES,
+            max_buffered: HostSettings::DEFAULT_MAX_BUFFERED,
             retry_key_file: None,
             retry_key_env: None,
             allow_private_networks: false,
@@ -413,11 +424,11 @@ impl Default for HostSettings {
 }
 
 fn default_max_buffered() -> u64 {
-    1 << 30
+    HostSettings::DEFAULT_MAX_BUFFERED
 }
 
 fn default_max_instances() -> u32 {
-    1000
+    HostSettings::DEFAULT_MAX_INSTANCES
 }
 
 /// A team sharing the host: a name, its limits and its mounts.
@@ -612,7 +623,7 @@ fn default_container_id() -> String {
 }
 
 fn default_grace() -> Duration {
-    Duration::from_secs(30)
+    HostSettings::DEFAULT_SHUTDOWN_GRACE
 }
 
 impl Config {
