@@ -97,7 +97,7 @@ fn duration(d: Duration) -> String {
     let units = [(3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms")];
     let (unit, name) = units
         .into_iter()
-        .find(|(unit, _)| ms % unit == 0 && ms >= *unit)
+        .find(|(unit, _)| ms.is_multiple_of(*unit) && ms >= *unit)
         .unwrap_or((1, "ms"));
     format!("{}{name}", ms / unit)
 }
@@ -107,7 +107,7 @@ fn size(bytes: u64) -> String {
     let units = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     match units
         .into_iter()
-        .find(|(unit, _)| bytes % unit == 0 && bytes >= *unit)
+        .find(|(unit, _)| bytes.is_multiple_of(*unit) && bytes >= *unit)
     {
         Some((unit, name)) => format!("{}{name}", bytes / unit),
         None => bytes.to_string(),
