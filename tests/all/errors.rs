@@ -285,25 +285,15 @@ async fn messages_handlers_and_links() -> anyhow::Result<()> {
     )?;
     let mut host = TestHost::start_config(config).await?;
     let mut client = Client::connect(&url).await?;
-    let refused = async |host: &mut TestHost| {
-        host.next(|e| match e {
-            Event::Refused { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .await
-    };
 
     client
         .publish_raw(&q, vec![0x00, 0x53, 0x75, 0xa0, 0x10, 0x01])
         .await?;
-    catalogue.add("a delivery that is not AMQP", &refused(&mut host).await?);
+    catalogue.add("a delivery that is not AMQP", &host.refused().await?);
     client
         .publish(&q, TestMessage::new("catalogue.big", &"x".repeat(4096)))
         .await?;
-    catalogue.add(
-        "a delivery over max_message_size",
-        &refused(&mut host).await?,
-    );
+    catalogue.add("a delivery over max_message_size", &host.refused().await?);
 
     for (what, script) in [
         ("a handler that traps", "*:trap"),

@@ -206,12 +206,7 @@ async fn an_unreadable_delivery_at_most_once_is_dead_lettered() -> anyhow::Resul
     client
         .publish_raw(&q, vec![0x00, 0x53, 0x75, 0xa0, 0x10, 0x01])
         .await?;
-    let reason = host
-        .next(|e| match e {
-            Event::Refused { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .await?;
+    let reason = host.refused().await?;
     assert!(reason.contains("not a readable AMQP message"), "{reason}");
     wait_for_count(&dla, 1, async || client.artemis_count(&dla).await).await?;
     let after = format!("{q}.after");
@@ -264,23 +259,13 @@ async fn odd_messages_from_another_client_are_handled_and_the_unreadable_rejecte
     }
     // Too large: rejected unread, the link stays.
     rhea_publish(&url, &q, "big", &format!("{q}.big"), "*:ack").await?;
-    let reason = host
-        .next(|e| match e {
-            Event::Refused { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .await?;
+    let reason = host.refused().await?;
     assert!(reason.contains("max_message_size"), "{reason}");
     // Not AMQP sections at all: rejected with amqp:decode-error.
     client
         .publish_raw(&q, vec![0x00, 0x53, 0x75, 0xa0, 0x10, 0x01])
         .await?;
-    let reason = host
-        .next(|e| match e {
-            Event::Refused { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .await?;
+    let reason = host.refused().await?;
     assert!(reason.contains("not a readable AMQP message"), "{reason}");
     // Both rejected ones went to the broker's dead-letter queue; the host
     // goes on serving.

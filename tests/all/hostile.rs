@@ -155,12 +155,7 @@ async fn a_nested_message_without_a_dead_letter_address_is_rejected() -> anyhow:
     client
         .publish_raw(&q, nested_body("plain", 100_000))
         .await?;
-    let reason = host
-        .next(|e| match e {
-            Event::Refused { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .await?;
+    let reason = host.refused().await?;
     assert!(reason.contains("levels deep"), "{reason}");
     // Rejected: the broker's own policy decides (Artemis's DLQ).
     let dlq = format!("DLQ.{q}");

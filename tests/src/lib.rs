@@ -296,6 +296,16 @@ impl TestHost {
         })
     }
 
+    /// Why the next delivery the host settled without its handler was
+    /// refused.
+    pub async fn refused(&mut self) -> anyhow::Result<String> {
+        self.next(|e| match e {
+            Event::Refused { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .await
+    }
+
     /// The first event (from the backlog, then the stream) that `pick`
     /// takes; the others stay for later calls.
     pub async fn next<T>(&mut self, pick: impl Fn(&Event) -> Option<T>) -> anyhow::Result<T> {
