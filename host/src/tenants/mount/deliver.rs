@@ -42,9 +42,10 @@ pub(super) async fn handle(
         .retry_key
         .as_ref()
         .is_some_and(|key| message.unsealed_count_dropped(key));
-    let publisher = TraceContext::of(&message);
-    let (mut report, trace, span) = DeliveryReport::open(&context, &message, publisher, unsealed);
     let counters = message.counters();
+    let publisher = TraceContext::of(&message);
+    let (mut report, trace, span) =
+        DeliveryReport::open(&context, &message, counters, publisher, unsealed);
     async move {
         // Room in the tenant's budgets first, then an instance of the module
         // current at that moment (it may be replaced while this one waits).

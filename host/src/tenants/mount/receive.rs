@@ -190,8 +190,9 @@ impl Handling<'_> {
             self.flush.clone(),
         );
         // Boxed: the task then moves a pointer, not the whole state of a
-        // delivery, as it starts and ends.
-        tasks.spawn(Box::pin(handle.in_current_span()));
+        // delivery, as it starts and ends. It makes its own span, below the
+        // mount's.
+        tasks.spawn(Box::pin(handle));
     }
 
     /// Starts the task that settles a delivery no handler sees.

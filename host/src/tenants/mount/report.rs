@@ -44,25 +44,21 @@ pub(super) struct DeliveryReport {
 impl DeliveryReport {
     /// Opens the report of a delivery as it arrived: its exported span,
     /// below the publisher's when it sent a trace context, and the tracing
-    /// span every line about it sits in. `unsealed`: a retry count without
+    /// span every line about it sits in (below the mount's). `unsealed`: a retry count without
     /// a valid seal was dropped from it.
     pub(super) fn open(
         context: &Arc<MountContext>,
         message: &AmqpMessage,
+        counters: Counters,
         publisher: Result<Option<TraceContext>, Malformed>,
         unsealed: bool,
     ) -> (DeliveryReport, Option<TraceContext>, tracing::Span) {
         let spec = &context.spec;
-        let counters = message.counters();
         let message_id = message.message_id().map(|id| shown(&id).to_string());
-        let publisher = publisher.unwrap_or_else(|malformed| {
-            spec.metrics.trace_context_malformed();
-            tracing::debug!(
-                "an unreadable trace context in the {} is ignored",
-                malformed.place
-            );
-            None
-        });
+        let (publisher, malformed) = match publisher {
+            Ok(publisher) => (publisher, None),
+            Err(malformed) => (None, Some(malformed)),
+        };
         let (trace, mut process) = spec.telemetry.process(
             publisher.as_ref(),
             format_args!("process {}", spec.config.address),
@@ -84,7 +80,11 @@ impl DeliveryReport {
             span.set("wharf.mount", &*spec.tags.mount);
             span.set("wharf.attempt", i64::from(counters.attempt()));
         }
-        let span = tracing::error_span!(
+        // At info level, as a delivery's own lines are: a host logging only
+        // warnings makes no span per delivery, and its lines sit in the
+        // mount's span alone.
+        let handle = tracing::info_span!(
+            parent: &spec.span,
             "handle",
             messaging.system = context.peer.system,
             messaging.operation = "process",
@@ -94,13 +94,25 @@ impl DeliveryReport {
             trace_id = trace.as_ref().map(|t| field::display(Hex(&t.trace_id))),
             span_id = trace.as_ref().map(|t| field::display(Hex(&t.span_id))),
         );
-        if unsealed {
-            span.in_scope(|| {
+        let span = if handle.is_disabled() {
+            spec.span.clone()
+        } else {
+            handle
+        };
+        span.in_scope(|| {
+            if unsealed {
                 tracing::warn!(
                     "a retry count without a valid seal is not believed: the delivery counts as a first one"
                 );
-            });
-        }
+            }
+            if let Some(malformed) = malformed {
+                spec.metrics.trace_context_malformed();
+                tracing::debug!(
+                    "an unreadable trace context in the {} is ignored",
+                    malformed.place
+                );
+            }
+        });
         let report = DeliveryReport {
             context: context.clone(),
             message_id,
