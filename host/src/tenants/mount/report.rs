@@ -44,8 +44,8 @@ pub(super) struct DeliveryReport {
 impl DeliveryReport {
     /// Opens the report of a delivery as it arrived: its exported span,
     /// below the publisher's when it sent a trace context, and the tracing
-    /// span every line about it sits in (below the mount's). `unsealed`: a retry count without
-    /// a valid seal was dropped from it.
+    /// span every line about it sits in (below the mount's). `unsealed`: a
+    /// retry count without a valid seal was dropped from it.
     pub(super) fn open(
         context: &Arc<MountContext>,
         message: &AmqpMessage,
@@ -135,8 +135,8 @@ impl DeliveryReport {
         });
     }
 
-    /// The handler returned (or failed) after `took`; `dropped` of its log
-    /// lines were over its rate.
+    /// The handler returned (or failed); `dropped` bytes of its output were
+    /// over its allowance.
     pub(super) fn ran(&self, module: &Module, result: &HandlerResult, dropped: u64) {
         let spec = &self.context.spec;
         spec.metrics.output_dropped(dropped);
