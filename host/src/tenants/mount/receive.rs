@@ -303,15 +303,18 @@ async fn answer(subscription: &Subscription, first: SettleRequest, inbox: &mut I
     let (unread, mut requests): (Vec<_>, Vec<_>) =
         requests.into_iter().partition(|r| r.unread.is_some());
     for request in unread {
-        let why = request
-            .unread
-            .as_ref()
-            .map(|(u, reason)| (*u, reason.as_str()));
+        let SettleRequest {
+            info,
+            disposition,
+            unread,
+            done,
+        } = request;
+        let why = unread.as_ref().map(|(u, reason)| (*u, reason.as_str()));
         let result = subscription
-            .settle_all(vec![request.info.clone()], request.disposition, why)
+            .settle_all(vec![info], disposition, why)
             .await
             .map_err(|e| NotSettled::Link(Arc::new(e)));
-        let _ = request.done.send(result);
+        let _ = done.send(result);
     }
     for disposition in [
         Disposition::Accepted,

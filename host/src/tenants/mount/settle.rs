@@ -125,16 +125,16 @@ pub(super) async fn carry_out(
     let mut reason = arrived.unread.map(|(_, reason)| reason.to_owned());
     let mut instead = None;
     let mut errors = Vec::new();
+    let carrier = Carrier {
+        context,
+        settler,
+        arrived,
+        flush,
+    };
     loop {
         // Outputs go out with the first plan only: no plan made instead
         // publishes any.
         let outputs = if instead.is_none() { outputs } else { &[] };
-        let carrier = Carrier {
-            context,
-            settler,
-            arrived,
-            flush,
-        };
         match carry_out_plan(&carrier, plan, outputs, reason.as_deref()).await {
             Step::Done { disposition, error } => {
                 errors.extend(error);
