@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::bindings;
@@ -15,6 +15,7 @@ use super::instances::InstanceSlots;
 use super::module::{
     Compiled, LoadError, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT, Module,
 };
+use super::log::HasLog;
 use super::outbox::HasOutbox;
 use super::store::StoreState;
 use crate::sync::Locked;
@@ -90,9 +91,9 @@ impl Sandbox {
         wasmtime_wasi::p2::add_to_linker_async(&mut without_http).map_err(to_anyhow)?;
         grants::add_to_linker(&mut without_http).map_err(to_anyhow)?;
         // Each import linked to its own part of the store.
-        bindings::wharf::handler::log::add_to_linker::<_, HasSelf<StoreState>>(
+        bindings::wharf::handler::log::add_to_linker::<_, HasLog>(
             &mut without_http,
-            |state| state,
+            StoreState::log_view,
         )
         .map_err(to_anyhow)?;
         bindings::wharf::handler::outbox::add_to_linker::<_, HasOutbox>(
@@ -100,9 +101,9 @@ impl Sandbox {
             StoreState::outbox_view,
         )
         .map_err(to_anyhow)?;
-        super::bindings_0_1::Handler::add_to_linker::<_, HasSelf<StoreState>>(
+        super::bindings_0_1::wharf::handler::log::add_to_linker::<_, HasLog>(
             &mut without_http,
-            |state| state,
+            StoreState::log_view,
         )
         .map_err(to_anyhow)?;
         let mut linker = without_http.clone();

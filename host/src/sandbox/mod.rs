@@ -12,6 +12,7 @@ mod engine;
 mod grants;
 mod http;
 mod instances;
+mod log;
 mod module;
 mod outbox;
 mod output;

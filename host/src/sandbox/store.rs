@@ -7,19 +7,14 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::wharf::handler::log::{Host as LogHost, Level};
 use super::cpu::{CpuLane, CpuUse};
 use super::grants::Granted;
 use super::http::{HttpConnections, HttpGate};
 use super::outbox::{Outbox, OutboxView, Owners};
-use super::output::{GuestLog, LogOutput, MAX_LOG_LINE};
+use super::log::LogView;
+use super::output::{GuestLog, LogOutput};
 use super::tags::LogTags;
-use wharf_core::config::LogLevel;
 use wharf_core::grants::{Grants, HttpGrants, Output};
-use wharf_core::text::shown_up_to;
-
-/// Bytes of `log` calls kept per delivery; the rest is counted and dropped.
-const MAX_LOG_PER_CALL: usize = 64 * 1024;
 
 /// Resources (streams, pollables, HTTP headers, requests, bodies) one
 /// instance may hold at once; a handler creating more gets an error.
@@ -65,11 +60,6 @@ impl InstanceSetup {
             empty_environment_noted: AtomicBool::new(false),
             output_dropped: Arc::new(AtomicU64::new(0)),
         }
-    }
-
-    pub(crate) fn output_dropped(&self, bytes: usize) {
-        self.output_dropped
-            .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Output bytes dropped since the last time this was asked.
@@ -163,6 +153,15 @@ impl StoreState {
 }
 
 impl StoreState {
+    /// What the `log` import sees of the store.
+    pub(crate) fn log_view(&mut self) -> LogView<'_> {
+        LogView {
+            logged: &mut self.logged,
+            log: &self.setup.log,
+            dropped: &self.setup.output_dropped,
+        }
+    }
+
     /// What the `outbox` import sees of the store.
     pub(crate) fn outbox_view(&mut self) -> OutboxView<'_> {
         OutboxView {
@@ -209,50 +208,6 @@ impl WasiHttpView for StoreState {
             table: &mut self.table,
             hooks: &mut self.http_gate,
         }
-    }
-}
-
-impl LogHost for StoreState {
-    fn log(&mut self, level: Level, message: String) {
-        let room = MAX_LOG_PER_CALL.saturating_sub(self.logged);
-        // Charged what reaches the log: a line is cut to MAX_LOG_LINE.
-        if message.len() > room || !self.setup.log.take(message.len().min(MAX_LOG_LINE)) {
-            self.setup.output_dropped(message.len());
-            return;
-        }
-        self.logged += message.len();
-        // Escaped, so a guest cannot forge log lines or drive the
-        // operator's terminal.
-        let message = shown_up_to(&message, MAX_LOG_LINE);
-        // Its tenant and mount are those of the span it is logged in.
-        match capped(level, self.setup.log.level) {
-            Level::Trace => tracing::trace!(target: "wharf::guest", "{message}"),
-            Level::Debug => tracing::debug!(target: "wharf::guest", "{message}"),
-            Level::Info => tracing::info!(target: "wharf::guest", "{message}"),
-            Level::Warn => tracing::warn!(target: "wharf::guest", "{message}"),
-            Level::Error => tracing::error!(target: "wharf::guest", "{message}"),
-        }
-    }
-}
-
-/// `level`, or `cap` where `level` is more severe.
-fn capped(level: Level, cap: LogLevel) -> Level {
-    let severity = |level: Level| match level {
-        Level::Error => LogLevel::Error,
-        Level::Warn => LogLevel::Warn,
-        Level::Info => LogLevel::Info,
-        Level::Debug => LogLevel::Debug,
-        Level::Trace => LogLevel::Trace,
-    };
-    if severity(level) >= cap {
-        return level;
-    }
-    match cap {
-        LogLevel::Error => Level::Error,
-        LogLevel::Warn => Level::Warn,
-        LogLevel::Info => Level::Info,
-        LogLevel::Debug => Level::Debug,
-        LogLevel::Trace => Level::Trace,
     }
 }
 
@@ -303,41 +258,15 @@ impl ResourceLimiter for MemoryLimit {
     }
 }
 
-impl super::bindings::wharf::handler::types::Host for StoreState {}
-
-impl super::bindings_0_1::wharf::handler::types::Host for StoreState {}
-
-impl super::bindings_0_1::wharf::handler::log::Host for StoreState {
-    fn log(&mut self, level: super::bindings_0_1::wharf::handler::log::Level, message: String) {
-        use super::bindings_0_1::wharf::handler::log::Level as Old;
-        let level = match level {
-            Old::Trace => Level::Trace,
-            Old::Debug => Level::Debug,
-            Old::Info => Level::Info,
-            Old::Warn => Level::Warn,
-            Old::Error => Level::Error,
-        };
-        LogHost::log(self, level, message);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::bindings::wharf::handler::log::{Host as _, Level};
+    use super::super::log::MAX_LOG_PER_CALL;
     use super::*;
+    use wharf_core::config::LogLevel;
 
     #[test]
-    fn a_line_more_severe_than_the_cap_is_logged_at_the_cap() {
-        let at = |level, cap| format!("{:?}", capped(level, cap));
-        assert_eq!(at(Level::Error, LogLevel::Warn), "Level::Warn");
-        assert_eq!(at(Level::Warn, LogLevel::Warn), "Level::Warn");
-        assert_eq!(at(Level::Info, LogLevel::Warn), "Level::Info");
-        assert_eq!(at(Level::Error, LogLevel::Error), "Level::Error");
-        assert_eq!(at(Level::Debug, LogLevel::Info), "Level::Debug");
-        assert_eq!(at(Level::Trace, LogLevel::Error), "Level::Trace");
-    }
-
-    #[test]
-    fn the_log_import_keeps_a_delivery_within_its_allowance() {
+    fn each_delivery_has_its_own_log_allowance() {
         let tags = Arc::new(LogTags {
             tenant: "t".into(),
             mount: "m".into(),
@@ -351,15 +280,13 @@ mod tests {
         ));
         let mut state = StoreState::new(setup.clone(), 1 << 20, CpuLane::new(None));
         state.begin_call(Instant::now());
-        let line = "x".repeat(1000);
-        for _ in 0..100 {
-            LogHost::log(&mut state, Level::Info, line.clone());
-        }
-        // 65 lines fit the 64 KiB allowance; the other 35 are counted.
-        assert_eq!(setup.take_output_dropped(), 35 * 1000);
+        let line = "x".repeat(MAX_LOG_PER_CALL);
+        state.log_view().log(Level::Info, line.clone());
+        state.log_view().log(Level::Info, line.clone());
+        assert_eq!(setup.take_output_dropped(), MAX_LOG_PER_CALL as u64);
         state.end_call();
         state.begin_call(Instant::now());
-        LogHost::log(&mut state, Level::Info, line);
+        state.log_view().log(Level::Info, line);
         assert_eq!(
             setup.take_output_dropped(),
             0,
