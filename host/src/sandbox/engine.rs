@@ -12,10 +12,10 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use super::bindings;
 use super::grants;
 use super::instances::InstanceSlots;
+use super::log::HasLog;
 use super::module::{
     Compiled, LoadError, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT, Module,
 };
-use super::log::HasLog;
 use super::outbox::HasOutbox;
 use super::store::StoreState;
 use crate::sync::Locked;

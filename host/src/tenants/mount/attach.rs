@@ -4,13 +4,12 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use super::MountSpec;
+use super::{MountSpec, report};
 use crate::broker::management::QueueInfo;
 use crate::broker::{
-    AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, OutputsOn, PooledSession, Publisher,
-    PublisherTask, ReceiverOptions, SenderTarget, Subscription, TransactionsOn,
+    AttachFailure, BrokerError, BrokerPool, CLOSE_TIMEOUT, Offered, OutputsOn, PooledSession,
+    Publisher, PublisherTask, ReceiverOptions, SenderTarget, Subscription, TransactionsOn,
 };
-use crate::events::Event;
 use wharf_core::brokers::BrokerKind;
 use wharf_core::brokers::QueueKind;
 use wharf_core::config::{
@@ -136,76 +135,14 @@ impl Links {
         mut session: PooledSession,
         pool: BrokerPool,
     ) -> Result<Links, BrokerError> {
-        let timeout = spec.broker.attach_timeout;
-        let mount = &spec.config;
-        let timed_out = || BrokerError::Attach {
-            address: mount.address.clone(),
-            role: "receiver",
-            source: AttachFailure::TimedOut(timeout),
-        };
         let link_name = format!(
             "wharf/{}/{}/{}",
             spec.tags.tenant, spec.tags.mount, spec.generation
         );
-        let capability = mount.node.map(Node::capability);
-        let topic = mount.subscription.as_ref();
-        if topic.is_some() && session.offers.is_rabbitmq() {
-            return Err(BrokerError::Attach {
-                address: mount.address.clone(),
-                role: "receiver",
-                source: AttachFailure::Unsupported(crate::broker::RABBITMQ_HAS_NO_TOPICS),
-            });
-        }
-        let receiver_name = receiver_name(&spec, &link_name);
-        let options = ReceiverOptions {
-            link_name: &receiver_name,
-            address: &mount.address,
-            capability,
-            subscription: topic.map(|topic| topic.kind),
-            settle: mount.settle,
-            credit: spec.credit(),
-            max_message_size: mount.max_message_size,
-            // A dead letter goes out exactly as the delivery arrived.
-        };
-        let subscription =
-            tokio::time::timeout(timeout, Subscription::attach(&mut session.session, options))
-                .await
-                .map_err(|_| timed_out())??;
-        // Copies go to the subscription's own node (on a topic, to every
-        // subscription, unless the mount sends them to its own subscription's
-        // queue); a dead-letter address is a queue whenever the mount says
-        // what its nodes are.
-        let own_queue = topic
-            .filter(|topic| topic.retry_copies_to == RetryCopiesTo::Subscription)
-            .map(|topic| format!("{}::{}", mount.address, subscription_queue(topic)));
-        let targets = sender_targets(mount, own_queue.as_deref());
-        // Outputs, like dead letters, go to queues whenever the mount says
-        // what its nodes are.
-        let output_capability = mount.node.map(|_| Node::Queue.capability());
-        let in_transactions = outputs_in_transactions(&spec.config, session.offers.kind());
-        let transactions = in_transactions.then(|| TransactionsOn {
-            pool: pool.clone(),
-            connection: session.connection,
-            disposer: subscription.disposer(),
-            capability: output_capability,
-            link_prefix: &link_name,
-            publish_timeout: spec.broker.publish_timeout,
-        });
-        let outputs = OutputsOn {
-            pool,
-            capability: output_capability,
-        };
-        let attached = Publisher::attach(
-            &mut session.session,
-            &link_name,
-            &targets,
-            outputs,
-            transactions,
-            spec.broker.publish_timeout,
-            CLOSE_TIMEOUT,
-        );
+        let subscription = attach_receiver(&spec, &mut session, &link_name).await?;
+        let senders = attach_senders(&spec, &mut session, &subscription, pool, &link_name);
         let (publisher, publisher_task, offered) =
-            match tokio::time::timeout(timeout, attached).await {
+            match tokio::time::timeout(spec.broker.attach_timeout, senders).await {
                 Ok(Ok(attached)) => attached,
                 Ok(Err(e)) => {
                     subscription.close(CLOSE_TIMEOUT, false).await;
@@ -213,7 +150,7 @@ impl Links {
                 }
                 Err(_) => {
                     subscription.close(CLOSE_TIMEOUT, false).await;
-                    return Err(timed_out());
+                    return Err(attach_timed_out(&spec));
                 }
             };
         // A broker may offer scheduling on the connection or on the link.
@@ -242,36 +179,9 @@ impl Links {
             session,
             offered,
         } = self;
-        let mount = &spec.config;
         let kind = session.offers.kind();
         let policy = policy(&spec, kind, offered, queue.as_ref());
-        tracing::info!(
-            address = mount.address,
-            subscription = mount
-                .subscription
-                .as_ref()
-                .map(|s| format!("{} ({})", s.name, s.kind.as_str())),
-            broker = %session.endpoint,
-            product = session.offers.product.as_deref(),
-            queue = queue.as_ref().map(|q| q.kind.to_string()),
-            settle = %mount.settle,
-            credit = spec.credit(),
-            retry_path = policy.retry.as_str(),
-            delay_path = policy.delay.as_str(),
-            retry_after_original = policy.retry_after_original.as_str(),
-            outputs = outputs_path(&spec, &publisher, kind),
-            "mount attached"
-        );
         warn_of_delivery_limit(&spec, queue.as_ref());
-        let _ = spec.events.send(Event::MountReady {
-            tenant: spec.tags.tenant.clone(),
-            mount: spec.tags.mount.clone(),
-            modified_supported: policy.modified_supported,
-            retry: policy.retry,
-            delay: policy.delay,
-            transactions: publisher.transactions().is_some(),
-            queue: queue.map(|q| q.kind),
-        });
         let context = MountContext {
             spec,
             policy,
@@ -285,6 +195,7 @@ impl Links {
             },
             kind,
         };
+        report::attached(&context, policy, &session, queue);
         AttachedMount {
             context: Arc::new(context),
             subscription,
@@ -300,20 +211,6 @@ pub(crate) fn subscription_queue(topic: &TopicSubscription) -> String {
     match topic.kind {
         SubscriptionKind::DurableShared => format!("{}:global", topic.name),
         SubscriptionKind::Durable | SubscriptionKind::Volatile => topic.name.clone(),
-    }
-}
-
-/// How the mount's outputs are committed, for the attach log.
-fn outputs_path(spec: &MountSpec, publisher: &Publisher, kind: BrokerKind) -> &'static str {
-    let grants = &spec.config.grants;
-    if grants.send.is_empty() && !grants.reply.granted() {
-        "none granted"
-    } else if publisher.transactions().is_some() {
-        "in one transaction with the ack: all or nothing"
-    } else if kind.drops_duplicate_ids() {
-        "confirmed before the ack, duplicates dropped by _AMQ_DUPL_ID"
-    } else {
-        "confirmed before the ack, at least once"
     }
 }
 
@@ -372,3 +269,94 @@ fn warn_of_delivery_limit(spec: &MountSpec, queue: Option<&QueueInfo>) {
 /// RabbitMQ's default `delivery-limit` of quorum queues since 4.0 (a
 /// policy may set another, which the management node does not show).
 const QUORUM_DEFAULT_DELIVERY_LIMIT: u64 = 20;
+
+/// The receiver did not attach within the broker's attach time-out.
+fn attach_timed_out(spec: &MountSpec) -> BrokerError {
+    BrokerError::Attach {
+        address: spec.config.address.clone(),
+        role: "receiver",
+        source: AttachFailure::TimedOut(spec.broker.attach_timeout),
+    }
+}
+
+/// Attaches the mount's receiver on `session`, within the attach time-out.
+async fn attach_receiver(
+    spec: &MountSpec,
+    session: &mut PooledSession,
+    link_name: &str,
+) -> Result<Subscription, BrokerError> {
+    let mount = &spec.config;
+    let topic = mount.subscription.as_ref();
+    if topic.is_some() && session.offers.is_rabbitmq() {
+        return Err(BrokerError::Attach {
+            address: mount.address.clone(),
+            role: "receiver",
+            source: AttachFailure::Unsupported(crate::broker::RABBITMQ_HAS_NO_TOPICS),
+        });
+    }
+    let receiver_name = receiver_name(spec, link_name);
+    let options = ReceiverOptions {
+        link_name: &receiver_name,
+        address: &mount.address,
+        capability: mount.node.map(Node::capability),
+        subscription: topic.map(|topic| topic.kind),
+        settle: mount.settle,
+        credit: spec.credit(),
+        max_message_size: mount.max_message_size,
+    };
+    tokio::time::timeout(
+        spec.broker.attach_timeout,
+        Subscription::attach(&mut session.session, options),
+    )
+    .await
+    .map_err(|_| attach_timed_out(spec))?
+}
+
+/// Attaches the senders for copies and dead letters on `session`, and
+/// readies outputs (in transactions on the receiver's connection where
+/// the mount asks for them).
+async fn attach_senders(
+    spec: &MountSpec,
+    session: &mut PooledSession,
+    subscription: &Subscription,
+    pool: BrokerPool,
+    link_name: &str,
+) -> Result<(Publisher, PublisherTask, Offered), BrokerError> {
+    let mount = &spec.config;
+    // Copies go to the subscription's own node (on a topic, to every
+    // subscription, unless the mount sends them to its own subscription's
+    // queue); a dead-letter address is a queue whenever the mount says
+    // what its nodes are.
+    let own_queue = mount
+        .subscription
+        .as_ref()
+        .filter(|topic| topic.retry_copies_to == RetryCopiesTo::Subscription)
+        .map(|topic| format!("{}::{}", mount.address, subscription_queue(topic)));
+    let targets = sender_targets(mount, own_queue.as_deref());
+    // Outputs, like dead letters, go to queues whenever the mount says
+    // what its nodes are.
+    let output_capability = mount.node.map(|_| Node::Queue.capability());
+    let in_transactions = outputs_in_transactions(mount, session.offers.kind());
+    let transactions = in_transactions.then(|| TransactionsOn {
+        pool: pool.clone(),
+        connection: session.connection,
+        disposer: subscription.disposer(),
+        capability: output_capability,
+        link_prefix: link_name,
+        publish_timeout: spec.broker.publish_timeout,
+    });
+    let outputs = OutputsOn {
+        pool,
+        capability: output_capability,
+    };
+    Publisher::attach(
+        &mut session.session,
+        link_name,
+        &targets,
+        outputs,
+        transactions,
+        spec.broker.publish_timeout,
+        CLOSE_TIMEOUT,
+    )
+    .await
+}

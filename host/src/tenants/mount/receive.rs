@@ -46,75 +46,32 @@ impl AttachedMount {
         let (requests, mut inbox) = mpsc::unbounded_channel();
         let settler = Settler::new(requests);
         let flush = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        // At most `concurrency` handlers run at once; each delivery then
-        // waits for room in its tenant's budgets. While they wait the link's
-        // credit is not renewed, so the broker holds back.
-        let handlers = Arc::new(Semaphore::new(spec.config.concurrency as usize));
-        let mut handler_slot = None;
-        // A delivery is taken off the link only with a place among the
-        // mount's unsettled ones (at most `credit`: a held `retry-after`
-        // original keeps its place) and, once its size is known, room for
-        // its bytes in the tenant's and the host's budgets.
-        let unsettled = Arc::new(Semaphore::new(spec.credit() as usize));
-        let mut unsettled_slot = None;
-        let mut admitting: Option<Admitting> = None;
         let handling = Handling {
             context: &context,
             settler: &settler,
             flush: &flush,
-            handlers: &handlers,
-            unsettled: &unsettled,
+            handlers: Arc::new(Semaphore::new(spec.config.concurrency as usize)),
+            unsettled: Arc::new(Semaphore::new(spec.credit() as usize)),
         };
-        let mut prune = tokio::time::interval(PRUNE_EVERY);
-        // Made once: a cancellation future registers itself when polled.
-        let stopped = stop.cancelled();
-        tokio::pin!(stopped);
-        let failure = {
-            let sender_failed = publisher_task.failed();
-            tokio::pin!(sender_failed);
-            loop {
-                // The common case needs no wait: a handler slot is free.
-                if handler_slot.is_none() {
-                    handler_slot = handlers.clone().try_acquire_owned().ok();
-                }
-                if unsettled_slot.is_none() {
-                    unsettled_slot = unsettled.clone().try_acquire_owned().ok();
-                }
-                tokio::select! {
-                    biased;
-                    Some(request) = inbox.recv() => answer(&subscription, request, &mut inbox).await,
-                    Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                        report::panicked(joined);
-                    }
-                    () = &mut stopped => break None,
-                    failed = &mut sender_failed => break Some(failed),
-                    _ = prune.tick() => spec.module.current().prune_idle(),
-                    permit = handlers.clone().acquire_owned(), if handler_slot.is_none() => {
-                        handler_slot = permit.ok();
-                    }
-                    permit = unsettled.clone().acquire_owned(), if unsettled_slot.is_none() => {
-                        unsettled_slot = permit.ok();
-                    }
-                    (inbound, room) = async { admitting.as_mut().expect("guarded").await }, if admitting.is_some() => {
-                        admitting = None;
-                        handling.start(&mut tasks, inbound, handler_slot.take(), room);
-                    }
-                    received = subscription.recv(), if handler_slot.is_some() && unsettled_slot.is_some() && admitting.is_none() => match received {
-                        Ok(Received::Delivery(inbound)) => {
-                            let unsettled = unsettled_slot.take().expect("guarded");
-                            admitting = Some(admit(&spec, inbound, unsettled));
-                        }
-                        Ok(Received::Unhandled(unread)) => {
-                            handling.refuse(&mut tasks, unread, unsettled_slot.take());
-                        }
-                        Err(e) => break Some(e),
-                    },
-                }
-            }
-        };
+        let mut tasks = JoinSet::new();
+        let mut intake = Intake::default();
+        let failure = receive(
+            &handling,
+            &mut intake,
+            &mut subscription,
+            &mut inbox,
+            &mut tasks,
+            publisher_task.failed(),
+            stop,
+        )
+        .await;
         // Slots taken ahead for the next delivery: the deliveries handled
         // while stopping need them.
+        let Intake {
+            handler_slot,
+            unsettled_slot,
+            admitting,
+        } = intake;
         drop((handler_slot, unsettled_slot));
         let detach_budget = spec.grace / DETACH_SHARE;
         let deadline = Instant::now() + spec.grace - detach_budget;
@@ -136,6 +93,74 @@ impl AttachedMount {
         );
         drop(session);
         failure.map_or(Ok(()), Err)
+    }
+}
+
+/// What the receive loop holds between turns: a delivery is taken off the
+/// link only with a handler slot and a place among the mount's unsettled
+/// ones, both taken ahead, and no other delivery still being admitted.
+#[derive(Default)]
+struct Intake {
+    handler_slot: Option<OwnedSemaphorePermit>,
+    unsettled_slot: Option<OwnedSemaphorePermit>,
+    admitting: Option<Admitting>,
+}
+
+/// Takes deliveries and answers settle requests until `stop` is cancelled
+/// (`None`) or the receiver or a sender fails (its error).
+async fn receive(
+    handling: &Handling<'_>,
+    intake: &mut Intake,
+    subscription: &mut Subscription,
+    inbox: &mut Inbox,
+    tasks: &mut JoinSet<()>,
+    sender_failed: impl Future<Output = BrokerError>,
+    stop: CancellationToken,
+) -> Option<BrokerError> {
+    let (handlers, unsettled) = (&handling.handlers, &handling.unsettled);
+    let mut prune = tokio::time::interval(PRUNE_EVERY);
+    // Made once: a cancellation future registers itself when polled.
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped, sender_failed);
+    loop {
+        // The common case needs no wait: the slots are free.
+        if intake.handler_slot.is_none() {
+            intake.handler_slot = handlers.clone().try_acquire_owned().ok();
+        }
+        if intake.unsettled_slot.is_none() {
+            intake.unsettled_slot = unsettled.clone().try_acquire_owned().ok();
+        }
+        let ready = intake.handler_slot.is_some()
+            && intake.unsettled_slot.is_some()
+            && intake.admitting.is_none();
+        tokio::select! {
+            biased;
+            Some(request) = inbox.recv() => answer(subscription, request, inbox).await,
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => report::panicked(joined),
+            () = &mut stopped => return None,
+            failed = &mut sender_failed => return Some(failed),
+            _ = prune.tick() => handling.context.spec.module.current().prune_idle(),
+            permit = handlers.clone().acquire_owned(), if intake.handler_slot.is_none() => {
+                intake.handler_slot = permit.ok();
+            }
+            permit = unsettled.clone().acquire_owned(), if intake.unsettled_slot.is_none() => {
+                intake.unsettled_slot = permit.ok();
+            }
+            (inbound, room) = async { intake.admitting.as_mut().expect("guarded").await }, if intake.admitting.is_some() => {
+                intake.admitting = None;
+                handling.start(tasks, inbound, intake.handler_slot.take(), room);
+            }
+            received = subscription.recv(), if ready => match received {
+                Ok(Received::Delivery(inbound)) => {
+                    let unsettled = intake.unsettled_slot.take().expect("guarded");
+                    intake.admitting = Some(admit(&handling.context.spec, inbound, unsettled));
+                }
+                Ok(Received::Unhandled(unread)) => {
+                    handling.refuse(tasks, unread, intake.unsettled_slot.take());
+                }
+                Err(e) => return Some(e),
+            },
+        }
     }
 }
 
@@ -168,8 +193,14 @@ struct Handling<'a> {
     context: &'a Arc<MountContext>,
     settler: &'a Settler,
     flush: &'a CancellationToken,
-    handlers: &'a Arc<Semaphore>,
-    unsettled: &'a Arc<Semaphore>,
+    /// At most `concurrency` handlers run at once; each delivery then waits
+    /// for room in its tenant's budgets. While they wait the link's credit
+    /// is not renewed, so the broker holds back.
+    handlers: Arc<Semaphore>,
+    /// At most `credit` deliveries are unsettled (a held `retry-after`
+    /// original keeps its place); once a delivery's size is known it also
+    /// waits for room for its bytes in the tenant's and the host's budgets.
+    unsettled: Arc<Semaphore>,
 }
 
 impl Handling<'_> {

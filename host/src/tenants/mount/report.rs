@@ -12,11 +12,13 @@ use std::time::Duration;
 use tracing::field;
 
 use super::attach::MountContext;
+use crate::broker::PooledSession;
+use crate::broker::management::QueueInfo;
 use crate::events::{Event, Handled};
 use crate::sandbox::{Failure, LogTags, Module, Outcome as HandlerOutcome};
 use crate::telemetry::Span;
 use wharf_core::message::AmqpMessage;
-use wharf_core::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, Publish};
+use wharf_core::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, Policy, Publish};
 use wharf_core::text::{self, shown, shown_up_to};
 use wharf_core::trace::{Hex, Malformed, TraceContext};
 
@@ -24,6 +26,58 @@ use wharf_core::trace::{Hex, Malformed, TraceContext};
 /// At error level, so it is on whenever any line is.
 pub(crate) fn mount_span(tags: &LogTags) -> tracing::Span {
     tracing::error_span!("mount", tenant = &*tags.tenant, mount = &*tags.mount)
+}
+
+/// Tells that the mount is attached, and how it settles (by the broker's
+/// `policy`, before any reload changes its counting) and publishes there.
+pub(super) fn attached(
+    context: &MountContext,
+    policy: Policy,
+    session: &PooledSession,
+    queue: Option<QueueInfo>,
+) {
+    let spec = &context.spec;
+    let mount = &spec.config;
+    tracing::info!(
+        address = mount.address,
+        subscription = mount
+            .subscription
+            .as_ref()
+            .map(|s| format!("{} ({})", s.name, s.kind.as_str())),
+        broker = %session.endpoint,
+        product = session.offers.product.as_deref(),
+        queue = queue.as_ref().map(|q| q.kind.to_string()),
+        settle = %mount.settle,
+        credit = spec.credit(),
+        retry_path = policy.retry.as_str(),
+        delay_path = policy.delay.as_str(),
+        retry_after_original = policy.retry_after_original.as_str(),
+        outputs = outputs_path(context),
+        "mount attached"
+    );
+    let _ = spec.events.send(Event::MountReady {
+        tenant: spec.tags.tenant.clone(),
+        mount: spec.tags.mount.clone(),
+        modified_supported: policy.modified_supported,
+        retry: policy.retry,
+        delay: policy.delay,
+        transactions: context.publisher.transactions().is_some(),
+        queue: queue.map(|q| q.kind),
+    });
+}
+
+/// How the mount's outputs are committed, for the attach log.
+fn outputs_path(context: &MountContext) -> &'static str {
+    let grants = &context.spec.config.grants;
+    if grants.send.is_empty() && !grants.reply.granted() {
+        "none granted"
+    } else if context.publisher.transactions().is_some() {
+        "in one transaction with the ack: all or nothing"
+    } else if context.kind.drops_duplicate_ids() {
+        "confirmed before the ack, duplicates dropped by _AMQ_DUPL_ID"
+    } else {
+        "confirmed before the ack, at least once"
+    }
 }
 
 /// What a handler call gave, as the report needs it.
