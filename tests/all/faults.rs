@@ -372,8 +372,19 @@ async fn a_half_open_connection_is_found_by_the_idle_timeout_and_readyz_tells() 
         })
         .await?;
     println!("half-open connection found: {error}");
-    let (status, body) = http_get(admin, "/readyz").await?;
-    assert!(status.contains("503"), "{status}");
+    // Unready once the pool has counted the connection gone.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let body = loop {
+        let (status, body) = http_get(admin, "/readyz").await?;
+        if status.contains("503") {
+            break body;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "still ready: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
         body.contains("\"mount\":\"m\"") && body.contains("last_error"),
         "{body}"
@@ -721,6 +732,71 @@ async fn a_full_instance_pool_is_back_pressure_not_a_failed_attempt() -> anyhow:
     assert_eq!(handled.disposition, Some(Disposition::Accepted));
     host.stop().await?;
     client.close().await;
+    Ok(())
+}
+
+/// Readiness is the pod's, not every mount's: one tenant's mistyped queue
+/// (refused by the broker for good) leaves the pod ready and the other
+/// tenant served; `/readyz` lists the mount with its error.
+#[tokio::test]
+async fn one_tenants_bad_address_leaves_the_pod_ready_and_the_others_served() -> anyhow::Result<()>
+{
+    let _shared = crate::rabbitmq4_shared().await;
+    let url = crate::rabbitmq4_url();
+    let good = unique("ready-good");
+    wharf_tests::rabbitmq4::declare(&good, "classic", "").await?;
+    let tenants = [
+        TenantToml::new(
+            "good",
+            vec![MountToml::new(
+                "m",
+                "fixture_script",
+                &format!("/queues/{good}"),
+            )],
+        ),
+        TenantToml::new(
+            "typo",
+            vec![MountToml::new(
+                "m",
+                "fixture_script",
+                &format!("/queues/{}", unique("no-such-queue")),
+            )],
+        ),
+    ];
+    let text = tenants_text(&url, "", &tenants).replacen(
+        "[host]",
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[host]",
+        1,
+    );
+    let mut host =
+        TestHost::start_unattached(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
+    host.next(|e| {
+        matches!(e, Event::MountReady { tenant, .. } if &**tenant == "good").then_some(())
+    })
+    .await?;
+    host.next(|e| {
+        matches!(e, Event::MountDown { tenant, .. } if &**tenant == "typo").then_some(())
+    })
+    .await?;
+    let admin = host.host().admin_address().expect("admin listener");
+    let (status, body) = http_get(admin, "/readyz").await?;
+    assert!(status.contains("200"), "{status} {body}");
+    assert!(
+        body.contains("\"tenant\":\"typo\"") && body.contains("\"needs_a_fix\":true"),
+        "{body}"
+    );
+    assert!(!body.contains("\"tenant\":\"good\""), "{body}");
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&format!("/queues/{good}"), TestMessage::new(&good, "x"))
+        .await?;
+    assert_eq!(
+        host.handled(&good).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    host.stop().await?;
+    client.close().await;
+    wharf_tests::rabbitmq4::delete(&good).await?;
     Ok(())
 }
 

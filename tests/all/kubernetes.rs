@@ -58,7 +58,12 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
     }
     let deployment = manifest("deployment.yaml")?;
     let config_map = manifest("configmap.yaml")?;
-    let secret = manifest("secret.yaml")?;
+    // No secret is deployed: the example says what to create.
+    assert!(
+        !resources.iter().any(|r| r.contains("secret")),
+        "{resources:?}"
+    );
+    let secret = manifest("secret.example.yaml")?;
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     let mounts = container["volumeMounts"].as_array().context("mounts")?;
@@ -137,7 +142,11 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
         "the kubelet must reach it"
     );
     let port_name = text(port, "/name");
-    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+    for (probe, path) in [
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+    ] {
         assert_eq!(text(&container[probe], "/httpGet/path"), path);
         assert_eq!(text(&container[probe], "/httpGet/port"), port_name);
     }
@@ -151,6 +160,14 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
         "terminationGracePeriodSeconds {grace} against shutdown_grace {:?}",
         config.host.shutdown_grace
     );
+
+    // Compiled modules on a volume of the pod's (the root file system is
+    // read-only), where the config keeps them.
+    assert_eq!(
+        config.host.module_cache.as_deref(),
+        Some(Path::new(&mount_of("module-cache")))
+    );
+    assert!(volume("module-cache")["emptyDir"].is_object());
 
     // Locked down as the image runs.
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
@@ -171,6 +188,17 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
     ));
     let service = manifest("service.yaml")?;
     assert_eq!(service["spec"]["ports"][0]["targetPort"], port_name);
+    // /metrics answers 401 without the token: no scrape that cannot carry it.
+    assert!(
+        service["metadata"]["annotations"]["prometheus.io/scrape"].is_null(),
+        "{service}"
+    );
+    // The HPA owns the count; an outage never blocks a drain.
+    assert!(deployment["spec"]["replicas"].is_null());
+    assert_eq!(
+        manifest("pdb.yaml")?["spec"]["unhealthyPodEvictionPolicy"],
+        "AlwaysAllow"
+    );
     for keda in ["keda/artemis.yaml", "keda/rabbitmq.yaml"] {
         let scaled = documents(&repo_root().join("deploy/kubernetes").join(keda))?;
         let object = scaled

@@ -233,3 +233,36 @@ async fn a_kept_go_instance_never_fails_a_delivery_for_its_collector() -> anyhow
     println!("Go, one kept instance: {deliveries} deliveries, every one acked");
     Ok(())
 }
+
+/// A restart loads compiled JavaScript and Python modules from the module
+/// cache instead of compiling them again; a cached file the engine refuses
+/// is removed and the module compiled again.
+#[test]
+fn compiled_modules_are_kept_on_disk_and_loaded_by_the_next_start() -> anyhow::Result<()> {
+    let cache = std::env::temp_dir().join(unique("module-cache"));
+    let names = ["flaky_js", "flaky_js_qjs", "flaky_python"];
+    let start = |from_cache: bool| -> anyhow::Result<std::time::Duration> {
+        let sandbox = wharf::sandbox::Sandbox::with_module_cache(4, Some(&cache))?;
+        let started = std::time::Instant::now();
+        for name in names {
+            let module = sandbox.load(&crate::guest(name))?;
+            assert_eq!(module.from_disk_cache(), from_cache, "{name}");
+        }
+        Ok(started.elapsed())
+    };
+    let compiled = start(false)?;
+    let loaded = start(true)?;
+    eprintln!(
+        "module cache: {} modules compiled in {compiled:?}, loaded from the cache in {loaded:?}",
+        names.len()
+    );
+    let kept: Vec<_> = std::fs::read_dir(&cache)?.collect::<Result<_, _>>()?;
+    assert_eq!(kept.len(), names.len(), "{kept:?}");
+    for entry in &kept {
+        std::fs::write(entry.path(), b"not machine code")?;
+    }
+    start(false)?;
+    start(true)?;
+    std::fs::remove_dir_all(&cache)?;
+    Ok(())
+}

@@ -370,6 +370,51 @@ async fn files_behind_a_swapped_symlink_reload_as_kubernetes_swaps_them() -> any
     Ok(())
 }
 
+/// A config and its modules come from volumes updated apart: a config
+/// naming a module that is not there yet fails to load, then loads once the
+/// module arrives, with no signal and no other change.
+#[tokio::test]
+async fn a_config_naming_a_module_not_there_yet_reloads_when_it_arrives() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let files = Workspace::new()?;
+    let fixture = std::fs::read(guest("fixture_script"))?;
+    files.replace("handler.wasm", &fixture)?;
+    let (queue, late_queue) = (unique("reload-late"), unique("reload-late-new"));
+    let text = |late: bool| {
+        let mut main = MountToml::new("main", "fixture_script", &queue);
+        main.module = files.path("handler.wasm");
+        let mut mounts = vec![main];
+        if late {
+            let mut late = MountToml::new("late", "fixture_script", &late_queue);
+            late.module = files.path("late.wasm");
+            mounts.push(late);
+        }
+        tenants_text(&url, "", &[TenantToml::new("t", mounts)])
+    };
+    files.replace("wharf.toml", text(false).as_bytes())?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    files.replace("wharf.toml", text(true).as_bytes())?;
+    let failed = config_change(&mut host).await?;
+    let error = failed.error.expect("the module is missing");
+    assert!(error.contains("late.wasm"), "{error}");
+    files.replace("late.wasm", &fixture)?;
+    let change = config_reloaded(&mut host).await?;
+    assert_eq!(change.added, ["t/late"], "{change:?}");
+    host.next(|e| matches!(e, Event::MountReady { mount, .. } if &**mount == "late").then_some(()))
+        .await?;
+    let mut client = Client::connect(&url).await?;
+    client
+        .publish(&late_queue, TestMessage::new(&late_queue, "x"))
+        .await?;
+    assert_eq!(
+        host.handled(&late_queue).await?.disposition,
+        Some(Disposition::Accepted)
+    );
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_reload_from_one_mount_to_fifty_tenants_with_more_memory_serves_every_mount()
 -> anyhow::Result<()> {

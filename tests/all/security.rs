@@ -314,7 +314,7 @@ async fn the_admin_endpoint_wants_its_token_and_outlasts_clients_that_never_fini
     );
     let (status, body) = get(address, "/readyz", Some(&token)).await?;
     assert!(
-        status.contains("200") && body.contains("\"not_ready\""),
+        status.contains("200") && body.contains("\"mounts_not_attached\""),
         "with the token, the mounts' states: {status} {body}"
     );
     let (status, body) = get(address, "/metrics", Some(&token)).await?;

@@ -14,14 +14,10 @@ fn own_connection(mut broker: Broker, tenant: &str) -> Broker {
     broker
 }
 
-/// Parses and checks config text (see [`Config::parse`]).
+/// Parses and checks config text (see [`Config::parse`]), with the files
+/// of tenants it includes.
 pub(super) fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-        path: path.to_owned(),
-        // The parser quotes the offending line and values from it: a
-        // broken line may hold a password.
-        message: security::redact_quoted(e.to_string().trim_end()),
-    })?;
+    let raw: RawConfig = from_toml(text, path)?;
     let base = path.parent().unwrap_or(Path::new("."));
     let checker = Checker { path, text };
     let broker = checker.broker("[broker]", raw.broker)?;
@@ -30,7 +26,24 @@ pub(super) fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     for tenant in raw.tenants {
         tenants.push(checker.tenant(tenant, &broker, base, &mut seen)?);
     }
-    checker.sends_stay_home(&seen.sends, &seen.owners)?;
+    let mut files = vec![path.to_owned()];
+    for included in checker.included(&raw.include, base)? {
+        let text = std::fs::read_to_string(&included).map_err(|source| ConfigError::Read {
+            path: included.clone(),
+            source,
+        })?;
+        let raw: RawTenantFile = from_toml(&text, &included)?;
+        let checker = Checker {
+            path: &included,
+            text: &text,
+        };
+        let base = included.parent().unwrap_or(Path::new("."));
+        for tenant in raw.tenants {
+            tenants.push(checker.tenant(tenant, &broker, base, &mut seen)?);
+        }
+        files.push(included);
+    }
+    sends_stay_home(&seen.sends, &seen.owners)?;
     let admin = raw.admin.map(|a| checker.admin(a)).transpose()?;
     for mount in tenants.iter_mut().flat_map(|t| &mut t.mounts) {
         // Handlers reach the admin listener only through a grant naming it.
@@ -45,15 +58,57 @@ pub(super) fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
             "retry_key",
         )?
         .map(|secret| RetryKey::new(secret.expose().as_bytes()));
+    let mut host = raw.host;
+    host.module_cache = host.module_cache.map(|folder| base.join(folder));
     Ok(Config {
         path: path.to_owned(),
+        files,
         broker,
-        host: raw.host,
+        host,
         admin,
         telemetry: raw.telemetry,
         tenants,
         retry_key,
     })
+}
+
+/// TOML decoded into `T`, or an error naming `path`.
+fn from_toml<T: serde::de::DeserializeOwned>(text: &str, path: &Path) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        // The parser quotes the offending line and values from it: a
+        // broken line may hold a password.
+        message: security::redact_quoted(e.to_string().trim_end()),
+    })
+}
+
+/// How deep below an included folder tenant files are looked for: its
+/// subfolders (one per ConfigMap), not further.
+const INCLUDE_DEPTH: u32 = 1;
+
+/// The `*.toml` files in `folder` and, `depth` levels down, its
+/// subfolders, sorted by path; hidden entries skipped.
+fn toml_files(folder: &Path, depth: u32, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(folder)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for path in entries {
+        let hidden = path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with('.'));
+        if hidden {
+            continue;
+        }
+        if path.is_dir() {
+            if depth > 0 {
+                toml_files(&path, depth - 1, files)?;
+            }
+        } else if path.extension().is_some_and(|ext| ext == "toml") {
+            files.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// What the tenants checked so far have taken.
@@ -205,7 +260,8 @@ impl Checker<'_> {
                 tenant: tenant_name.to_owned(),
                 here: here.clone(),
                 broker: within.broker_url.to_owned(),
-                span: send.span(),
+                file: self.path.to_owned(),
+                line: self.line(send),
                 patterns: send.get_ref().clone(),
             });
         }
@@ -275,15 +331,52 @@ struct Checker<'a> {
 
 impl Checker<'_> {
     fn invalid<T>(&self, at: &Spanned<T>, message: String) -> ConfigError {
-        let line = self.text[..at.span().start.min(self.text.len())]
-            .matches('\n')
-            .count()
-            + 1;
         ConfigError::Invalid {
             path: self.path.to_owned(),
-            line,
+            line: self.line(at),
             message,
         }
+    }
+
+    /// The line `at` starts on.
+    fn line<T>(&self, at: &Spanned<T>) -> usize {
+        self.text[..at.span().start.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
+    }
+
+    /// The files `include` names, in order: a file as named, a folder's
+    /// `*.toml` files and those of its subfolders (by name; hidden entries,
+    /// such as a ConfigMap volume's `..data`, skipped). Relative to `base`.
+    fn included(
+        &self,
+        include: &[Spanned<PathBuf>],
+        base: &Path,
+    ) -> Result<Vec<PathBuf>, ConfigError> {
+        let mut files = Vec::new();
+        for entry in include {
+            let path = base.join(entry.get_ref());
+            if path.is_dir() {
+                toml_files(&path, INCLUDE_DEPTH, &mut files).map_err(|source| {
+                    ConfigError::Read {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+            } else if path.is_file() {
+                files.push(path);
+            } else {
+                return Err(self.invalid(
+                    entry,
+                    format!(
+                        "`include`: `{}` is neither a file nor a folder",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(files)
     }
 
     fn name(&self, what: &str, name: &Spanned<String>) -> Result<(), ConfigError> {
@@ -506,10 +599,12 @@ impl Checker<'_> {
     ) -> Result<Mount, ConfigError> {
         let module = base.join(raw.module.get_ref());
         if !module.is_file() {
-            return Err(self.invalid(
-                &raw.module,
-                format!("{here}: module `{}` does not exist", module.display()),
-            ));
+            return Err(ConfigError::ModuleMissing {
+                path: self.path.to_owned(),
+                line: self.line(&raw.module),
+                here: here.to_owned(),
+                module,
+            });
         }
         if raw.address.get_ref().is_empty() {
             return Err(self.invalid(&raw.address, format!("{here}: `address` is empty")));
@@ -603,39 +698,6 @@ impl Checker<'_> {
             outputs: raw.outputs,
             retry_after_original: raw.retry_after_original,
         })
-    }
-
-    /// A wildcard in `grants.send` never reaches another tenant's address:
-    /// granting one takes writing it out in full.
-    fn sends_stay_home(
-        &self,
-        sends: &[SendGrant],
-        owners: &HashMap<(String, String), String>,
-    ) -> Result<(), ConfigError> {
-        for grant in sends {
-            for pattern in grant.patterns.iter().map(AddressPattern::new) {
-                if pattern.is_literal() {
-                    continue;
-                }
-                let read = crate::address::pattern_names(BrokerKind::Other, &pattern);
-                let foreign = owners.iter().find(|((broker, address), owner)| {
-                    *broker == grant.broker
-                        && **owner != grant.tenant
-                        && read.iter().any(|p| p.matches(address))
-                });
-                if let Some(((_, address), owner)) = foreign {
-                    return Err(self.invalid(
-                        &Spanned::new(grant.span.clone(), ()),
-                        format!(
-                            "{}: `grants.send` pattern `{}` matches `{address}`, an address of tenant `{owner}`; name it in full to grant it",
-                            grant.here,
-                            pattern.as_str()
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Refuses the first of `keys` that is set: each only applies with
@@ -928,4 +990,37 @@ impl Checker<'_> {
     fn base(&self) -> &Path {
         self.path.parent().unwrap_or(Path::new("."))
     }
+}
+
+/// A wildcard in `grants.send` never reaches another tenant's address:
+/// granting one takes writing it out in full.
+fn sends_stay_home(
+    sends: &[SendGrant],
+    owners: &HashMap<(String, String), String>,
+) -> Result<(), ConfigError> {
+    for grant in sends {
+        for pattern in grant.patterns.iter().map(AddressPattern::new) {
+            if pattern.is_literal() {
+                continue;
+            }
+            let read = crate::address::pattern_names(BrokerKind::Other, &pattern);
+            let foreign = owners.iter().find(|((broker, address), owner)| {
+                *broker == grant.broker
+                    && **owner != grant.tenant
+                    && read.iter().any(|p| p.matches(address))
+            });
+            if let Some(((_, address), owner)) = foreign {
+                return Err(ConfigError::Invalid {
+                    path: grant.file.clone(),
+                    line: grant.line,
+                    message: format!(
+                        "{}: `grants.send` pattern `{}` matches `{address}`, an address of tenant `{owner}`; name it in full to grant it",
+                        grant.here,
+                        pattern.as_str()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }

@@ -68,6 +68,19 @@ pub enum ConfigError {
         /// The parser's report, with line and column.
         message: String,
     },
+    /// A mount names a module file that is not there (yet: a reload is
+    /// tried again when it arrives).
+    #[error("config file `{path}`, line {line}: {here}: module `{}` does not exist", module.display())]
+    ModuleMissing {
+        /// The config file.
+        path: PathBuf,
+        /// The line of the `module` key.
+        line: usize,
+        /// The tenant and mount.
+        here: String,
+        /// The module file, as the config resolves it.
+        module: PathBuf,
+    },
     /// The file parses but says something wharf refuses.
     #[error("config file `{path}`, line {line}: {message}")]
     Invalid {
@@ -194,6 +207,11 @@ pub enum RetryCopiesTo {
 pub struct Config {
     /// The file it was read from (reloads read it again).
     pub path: PathBuf,
+    /// Every file it was made of: `path`, then the files of tenants its
+    /// `include` names (a file, or a folder's `*.toml` files and its
+    /// subfolders', so each team's tenants can live in a ConfigMap of its
+    /// own); a change to any of them reloads the config.
+    pub files: Vec<PathBuf>,
     /// The default broker connection.
     pub broker: Broker,
     /// Host-wide settings.
@@ -203,7 +221,8 @@ pub struct Config {
     /// Trace export: off unless an endpoint is configured here or in the
     /// `OTEL_*` environment.
     pub telemetry: Telemetry,
-    /// Every tenant, in file order.
+    /// Every tenant, in file order (the main file's, then each included
+    /// file's).
     pub tenants: Vec<Tenant>,
     /// The key copies' retry counts are sealed with, and checked by: a
     /// count without a valid seal is not believed. `None` believes every
@@ -399,6 +418,12 @@ pub struct HostSettings {
     /// RFC 1918, CGNAT, ULA); without it only a grant naming the host does.
     #[serde(default)]
     pub allow_private_networks: bool,
+    /// A folder where compiled modules are kept between starts, keyed by
+    /// the module's digest and the engine's settings, so a restart does not
+    /// compile again (relative to the config file's folder). Only wharf may
+    /// write there: what it holds is loaded as machine code.
+    #[serde(default)]
+    pub module_cache: Option<PathBuf>,
 }
 
 impl HostSettings {
@@ -419,6 +444,7 @@ impl Default for HostSettings {
             retry_key_file: None,
             retry_key_env: None,
             allow_private_networks: false,
+            module_cache: None,
         }
     }
 }

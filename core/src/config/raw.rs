@@ -22,6 +22,17 @@ pub(super) struct RawConfig {
     pub(super) telemetry: Telemetry,
     #[serde(default, rename = "tenant")]
     pub(super) tenants: Vec<RawTenant>,
+    /// Files and folders of further tenants (see [`Config::files`]).
+    #[serde(default)]
+    pub(super) include: Vec<Spanned<PathBuf>>,
+}
+
+/// A file of tenants named by `include`: nothing but `[[tenant]]` tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTenantFile {
+    #[serde(default, rename = "tenant")]
+    pub(super) tenants: Vec<RawTenant>,
 }
 
 /// One URL, or the nodes of a cluster.
@@ -93,7 +104,9 @@ pub(super) struct SendGrant {
     pub(super) tenant: String,
     pub(super) here: String,
     pub(super) broker: String,
-    pub(super) span: std::ops::Range<usize>,
+    /// The file and line of the grant.
+    pub(super) file: PathBuf,
+    pub(super) line: usize,
     pub(super) patterns: Vec<String>,
 }
 

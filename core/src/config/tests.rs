@@ -781,3 +781,97 @@ fn a_telemetry_section_is_read_and_a_bad_sampler_refused_with_its_line() {
     let bad = error(&format!("{GOOD}\n[telemetry]\nsampler = \"sometimes\"\n"));
     assert!(bad.contains("sometimes") && bad.contains("line"), "{bad}");
 }
+
+/// A folder of its own for one test's files, removed at the end.
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new(name: &str) -> Folder {
+        let dir = std::env::temp_dir().join(format!(
+            "wharf-config-include-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Folder(dir)
+    }
+
+    /// Writes `name`, and an empty `h.wasm` beside it for its mounts.
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        let folder = path.parent().expect("a folder");
+        std::fs::create_dir_all(folder).expect("folder");
+        std::fs::write(folder.join("h.wasm"), b"").expect("module");
+        std::fs::write(&path, text).expect("file");
+        path
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A tenant file with one mount on `address`, its module beside it.
+fn tenant_file(tenant: &str, address: &str) -> String {
+    format!(
+        "[[tenant]]\nname = \"{tenant}\"\n[[tenant.mount]]\nname = \"m\"\nmodule = \"h.wasm\"\naddress = \"{address}\"\n"
+    )
+}
+
+const INCLUDING: &str = "include = [\"tenants\"]\n[broker]\nurl = \"amqp://127.0.0.1\"\n";
+
+#[test]
+fn included_folders_add_their_tenant_files_and_their_subfolders() {
+    let folder = Folder::new("folders");
+    folder.write("tenants/a.toml", &tenant_file("a", "qa"));
+    // One ConfigMap per team, mounted in a subfolder: its files are links
+    // into a hidden `..data` folder, which is not read again.
+    folder.write("tenants/team-b/b.toml", &tenant_file("b", "qb"));
+    folder.write("tenants/team-b/..data/b.toml", &tenant_file("b", "qb"));
+    folder.write("tenants/notes.txt", "not a config");
+    let main = folder.write("wharf.toml", INCLUDING);
+    let config = Config::load(&main).expect("loads");
+    let names: Vec<&str> = config.tenants.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(config.files.len(), 3, "{:?}", config.files);
+    // Module paths are relative to the file that names them.
+    let (_, mount) = config.mounts().nth(1).expect("b's mount");
+    assert!(mount.module.ends_with("tenants/team-b/h.wasm"), "{mount:?}");
+}
+
+#[test]
+fn an_error_in_an_included_file_names_that_file_and_line() {
+    let folder = Folder::new("errors");
+    folder.write("tenants/a.toml", &tenant_file("a", "qa"));
+    folder.write(
+        "tenants/b.toml",
+        &tenant_file("b", "qb").replace("address", "adress"),
+    );
+    let main = folder.write("wharf.toml", INCLUDING);
+    let error = Config::load(&main).expect_err("refused").to_string();
+    assert!(error.contains("tenants/b.toml"), "{error}");
+    assert!(error.contains("adress"), "{error}");
+
+    // Checks across files: a second tenant taking the first's address.
+    folder.write("tenants/b.toml", &tenant_file("b", "qa"));
+    let error = Config::load(&main).expect_err("refused").to_string();
+    assert!(error.contains("tenants/b.toml`, line 6"), "{error}");
+    assert!(error.contains("tenant `a`"), "{error}");
+
+    // Only tenants in an included file.
+    folder.write("tenants/b.toml", "[host]\nmax_instances = 5\n");
+    let error = Config::load(&main).expect_err("refused").to_string();
+    assert!(error.contains("tenants/b.toml"), "{error}");
+
+    let missing = folder.write(
+        "wharf.toml",
+        "include = [\"nowhere\"]\n[broker]\nurl = \"amqp://127.0.0.1\"\n",
+    );
+    let error = Config::load(&missing).expect_err("refused").to_string();
+    assert!(
+        error.contains("wharf.toml`, line 1") && error.contains("nowhere"),
+        "{error}"
+    );
+}

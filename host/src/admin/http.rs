@@ -1,7 +1,10 @@
 //! A deliberately small HTTP/1.1 listener, one request per connection:
-//! `GET /metrics`, `GET /healthz` (liveness: the process is serving) and
-//! `GET /readyz` (readiness: every mount is attached; otherwise a JSON list
-//! of the mounts that are not, with their last error).
+//! `GET /metrics`, `GET /healthz` (liveness: the process answers, from its
+//! first second, while its modules still compile) and `GET /readyz`
+//! (readiness: this process can take work — its config is loaded and it is
+//! connected to every broker its mounts use; a mount that does not attach,
+//! such as one tenant's mistyped address, is listed with its last error but
+//! keeps neither this pod nor any other tenant from serving).
 //!
 //! With a token, every request but `/healthz` must carry it
 //! (`Authorization: Bearer ...`); `/readyz` without it answers with the
@@ -23,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+use crate::broker::BrokerPool;
 use crate::events::LinkState as State;
 use crate::sync::Locked;
 use wharf_core::config::Secret;
@@ -39,11 +43,15 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// answered.
 pub const MAX_CONNECTIONS: usize = 512;
 
-/// What the host reports about itself: whether it is alive, and where
-/// each mount stands.
+/// What the host reports about itself: whether it is serving, the brokers
+/// its mounts use, and where each mount stands.
 #[derive(Default)]
 pub struct Health {
     serving: AtomicBool,
+    stopping: AtomicBool,
+    /// The broker pools the running mounts use, by name (`default` or the
+    /// tenant's); `None` until the mounts have started.
+    brokers: Mutex<Option<Vec<(String, BrokerPool)>>>,
     mounts: Mutex<BTreeMap<(String, String), MountHealth>>,
 }
 
@@ -57,13 +65,28 @@ struct MountHealth {
 }
 
 impl Health {
-    /// Records whether the host is serving (false once it is stopping).
-    pub fn set_serving(&self, serving: bool) {
-        self.serving.store(serving, Ordering::Relaxed);
+    /// Records that the host is serving: its mounts have started.
+    pub fn set_serving(&self) {
+        self.serving.store(true, Ordering::Relaxed);
+    }
+
+    /// Records that the host is stopping: no longer alive nor ready.
+    pub fn set_stopping(&self) {
+        self.serving.store(false, Ordering::Relaxed);
+        self.stopping.store(true, Ordering::Relaxed);
     }
 
     fn serving(&self) -> bool {
         self.serving.load(Ordering::Relaxed)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Records the broker pools the running mounts use, by name.
+    pub fn set_brokers(&self, brokers: Vec<(String, BrokerPool)>) {
+        *self.brokers.locked() = Some(brokers);
     }
 
     /// Records where a mount stands; a stopped mount is forgotten.
@@ -96,11 +119,30 @@ impl Health {
         mounts.insert(key, health);
     }
 
-    /// Whether every mount is attached, and a JSON list of those that are
-    /// not.
+    /// Whether the host can take work (serving, and connected to every
+    /// broker its mounts use), with each broker's connections and the
+    /// mounts not attached, as JSON.
     fn readiness(&self) -> (bool, String) {
+        let brokers: Option<Vec<serde_json::Value>> = self.brokers.locked().as_ref().map(|pools| {
+            pools
+                .iter()
+                .map(|(name, pool)| {
+                    let status = pool.status();
+                    serde_json::json!({
+                        "broker": name,
+                        "connections": status.connections,
+                        "last_error": status.last_error,
+                    })
+                })
+                .collect()
+        });
+        let connected = brokers.as_ref().is_some_and(|brokers| {
+            brokers
+                .iter()
+                .all(|b| b["connections"].as_u64().is_some_and(|n| n > 0))
+        });
         let mounts = self.mounts.locked();
-        let waiting: Vec<serde_json::Value> = mounts
+        let not_attached: Vec<serde_json::Value> = mounts
             .iter()
             .filter(|(_, m)| m.state != "up")
             .map(|((tenant, mount), m)| {
@@ -113,8 +155,12 @@ impl Health {
                 })
             })
             .collect();
-        let ready = self.serving() && waiting.is_empty();
-        let body = serde_json::json!({ "ready": ready, "not_ready": waiting });
+        let ready = self.serving() && connected;
+        let body = serde_json::json!({
+            "ready": ready,
+            "brokers": brokers,
+            "mounts_not_attached": not_attached,
+        });
         (ready, format!("{body}\n"))
     }
 }
@@ -276,9 +322,8 @@ impl Admin {
     }
 
     fn respond(&self, request: &Request) -> (&'static str, &'static str, String) {
-        let serving = self.health.serving();
         if request.path == "/healthz" {
-            return if serving {
+            return if !self.health.stopping() {
                 ("200 OK", "text/plain", "ok\n".to_owned())
             } else {
                 (

@@ -10,6 +10,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::bindings;
+use super::disk_cache::DiskCache;
 use super::grants;
 use super::instances::InstanceSlots;
 use super::log::HasLog;
@@ -45,6 +46,8 @@ struct Inner {
     /// Compiled code by content digest, so a module used by many mounts (or
     /// reloaded unchanged) is compiled once and kept once.
     compiled: Mutex<HashMap<String, Weak<Compiled>>>,
+    /// Compiled code kept between starts, where the config asks for it.
+    disk: Option<DiskCache>,
     slots: InstanceSlots,
     _ticker: EpochTicker,
 }
@@ -71,6 +74,15 @@ impl Sandbox {
     /// the host's ceiling, not what the mounts of one config need, so mounts
     /// added by a reload find room in it.
     pub fn new(instances: u32) -> anyhow::Result<Sandbox> {
+        Sandbox::with_module_cache(instances, None)
+    }
+
+    /// [`Sandbox::new`], keeping compiled modules in `module_cache` between
+    /// starts.
+    pub fn with_module_cache(
+        instances: u32,
+        module_cache: Option<&Path>,
+    ) -> anyhow::Result<Sandbox> {
         let slots = InstanceSlots::new(
             instances,
             instances
@@ -109,12 +121,14 @@ impl Sandbox {
         let mut linker = without_http.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(to_anyhow)?;
         let ticker = EpochTicker::start(engine.clone());
+        let disk = module_cache.map(|folder| DiskCache::new(folder, &engine));
         Ok(Sandbox {
             inner: Arc::new(Inner {
                 engine,
                 linker,
                 without_http,
                 compiled: Mutex::new(HashMap::new()),
+                disk,
                 slots,
                 _ticker: ticker,
             }),
@@ -146,6 +160,10 @@ impl Sandbox {
             path,
             &bytes,
             version,
+            self.inner
+                .disk
+                .as_ref()
+                .map(|cache| (cache, digest.as_str())),
         )?;
         let mut cache = self.cache();
         cache.retain(|_, compiled| compiled.strong_count() > 0);

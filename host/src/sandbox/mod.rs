@@ -8,6 +8,7 @@
 //! it failed.
 
 mod cpu;
+mod disk_cache;
 mod engine;
 mod grants;
 mod http;

@@ -7,6 +7,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Trap};
 
 use super::bindings::HandlerPre;
+use super::disk_cache::DiskCache;
 use super::grants::{self, Denied};
 use super::store::StoreState;
 
@@ -150,6 +151,8 @@ pub(super) struct Compiled {
     version: Arc<str>,
     needs: PoolNeeds,
     initial_memory: u64,
+    /// Loaded from the module cache on disk rather than compiled.
+    from_disk: bool,
 }
 
 impl Compiled {
@@ -173,6 +176,7 @@ impl Module {
         path: &Path,
         bytes: &[u8],
         version: Arc<str>,
+        disk: Option<(&DiskCache, &str)>,
     ) -> Result<Module, LoadError> {
         let fail = |reason: String| LoadError {
             path: path.to_owned(),
@@ -192,12 +196,23 @@ impl Module {
                 "is a core WebAssembly module, not a component: build it for `wasm32-wasip2`, or wrap it with `wharf componentize`".to_owned(),
             ));
         }
-        let component = Component::new(engine, bytes).map_err(|e| {
-            fail(format!(
-                "is not a valid wasm component: {}",
-                wharf_core::words::chain(e.chain())
-            ))
-        })?;
+        let kept = disk.and_then(|(cache, digest)| cache.load(engine, digest));
+        let from_disk = kept.is_some();
+        let component = match kept {
+            Some(component) => component,
+            None => {
+                let component = Component::new(engine, bytes).map_err(|e| {
+                    fail(format!(
+                        "is not a valid wasm component: {}",
+                        wharf_core::words::chain(e.chain())
+                    ))
+                })?;
+                if let Some((cache, digest)) = disk {
+                    cache.save(&component, digest);
+                }
+                component
+            }
+        };
         // A component whose core modules are imported cannot be measured;
         // count it at the most a component may take.
         let (needs, initial_memory) = match component.resources_required() {
@@ -251,6 +266,7 @@ impl Module {
                 version,
                 needs,
                 initial_memory,
+                from_disk,
             }),
             path: path.into(),
         })
@@ -262,6 +278,12 @@ impl Module {
             compiled,
             path: path.into(),
         }
+    }
+
+    /// Whether its code was loaded from the module cache on disk rather
+    /// than compiled.
+    pub fn from_disk_cache(&self) -> bool {
+        self.compiled.from_disk
     }
 
     /// The component file this module was compiled from.

@@ -22,7 +22,9 @@ use crate::broker::{BrokerPool, ConnectOptions};
 use crate::events::{ConfigChange, Event};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
 use crate::telemetry::Telemetry;
-use wharf_core::config::{Broker, Config, Mount, Node, SaslMechanism, SubscriptionKind, Tenant};
+use wharf_core::config::{
+    Broker, Config, ConfigError, Mount, Node, SaslMechanism, SubscriptionKind, Tenant,
+};
 use wharf_core::endpoint::Endpoint;
 
 /// What the [`super::RunningHost`] asks of the control task.
@@ -66,6 +68,10 @@ pub(super) struct Control {
     tenants: HashMap<String, TenantState>,
     mounts: BTreeMap<MountKey, RunningMount>,
     watcher: FileWatcher,
+    /// A module file the last config reload named that did not exist yet:
+    /// its arrival tries that reload again (a config and its
+    /// modules may come from volumes updated apart).
+    awaited: Vec<PathBuf>,
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
     telemetry: Telemetry,
@@ -121,6 +127,7 @@ impl Control {
             tenants: HashMap::new(),
             mounts: BTreeMap::new(),
             watcher: FileWatcher::new(),
+            awaited: Vec::new(),
             events,
             metrics,
             telemetry,
@@ -132,7 +139,8 @@ impl Control {
             control.spawn(tenant, spec, None);
         }
         control.watch_files();
-        control.health.set_serving(true);
+        control.report_brokers();
+        control.health.set_serving();
         control
     }
 
@@ -151,7 +159,8 @@ impl Control {
                     Some(Command::Shutdown) | None => break,
                 },
                 path = self.watcher.changed() => {
-                    if canonical(&self.config.path).as_ref() == Some(&path) {
+                    let config_file = self.config.files.iter().any(|f| canonical(f).as_ref() == Some(&path));
+                    if config_file || self.awaited.contains(&path) {
                         self.reload().await;
                     } else {
                         self.reload_module(path).await;
@@ -159,21 +168,31 @@ impl Control {
                 }
             }
         }
-        self.health.set_serving(false);
+        self.health.set_stopping();
         self.stop_all().await;
     }
 
-    /// Copies what the broker pools know into the metrics.
+    /// Copies what the broker pools know into the metrics, and tells
+    /// readiness which pools the running mounts use.
     fn report_brokers(&self) {
         let status = self.default_pool.status();
         self.metrics
             .broker("default", status.connections, status.lost);
+        let mut in_use = Vec::new();
+        if self.mounts.values().any(|m| m.placement.broker.is_none()) {
+            in_use.push(("default".to_owned(), self.default_pool.clone()));
+        }
         for (name, state) in &self.tenants {
             if state.placement.broker.is_some() {
                 let status = state.pool.status();
                 self.metrics.broker(name, status.connections, status.lost);
+                let used = self.mounts.keys().any(|(tenant, _)| tenant == name);
+                if used {
+                    in_use.push((name.clone(), state.pool.clone()));
+                }
             }
         }
+        self.health.set_brokers(in_use);
     }
 
     /// The tenant's state, made on first use.
@@ -364,16 +383,28 @@ impl Control {
         }
     }
 
-    /// Reads the config file again and applies what changed.
+    /// Reads the config file again and applies what changed. A config
+    /// naming module files that are not there yet is tried again when they
+    /// arrive.
     async fn reload(&mut self) -> ConfigChange {
+        self.awaited.clear();
         let change = match Config::load(&self.config.path) {
             Ok(config) => self.apply(config).await,
-            Err(e) => ConfigChange {
-                error: Some(e.to_string()),
-                ..ConfigChange::default()
-            },
+            Err(e) => {
+                if let ConfigError::ModuleMissing { module, .. } = &e {
+                    self.awaited.extend(canonical(module));
+                }
+                ConfigChange {
+                    error: Some(e.to_string()),
+                    ..ConfigChange::default()
+                }
+            }
         };
+        self.watch_files();
         match &change.error {
+            Some(error) if !self.awaited.is_empty() => tracing::error!(
+                "config reload failed, tried again when the module arrives: {error}"
+            ),
             Some(error) => tracing::error!("config reload failed: {error}"),
             None => tracing::info!(
                 added = listed(&change.added),
@@ -510,8 +541,9 @@ impl Control {
     }
 
     fn watch_files(&mut self) {
-        let files = std::iter::once(self.config.path.as_path())
-            .chain(self.mounts.values().map(|m| m.spec.config.module.as_path()));
+        let files = (self.config.files.iter().map(PathBuf::as_path))
+            .chain(self.mounts.values().map(|m| m.spec.config.module.as_path()))
+            .chain(self.awaited.iter().map(PathBuf::as_path));
         self.watcher.watch(files);
     }
 }

@@ -79,16 +79,36 @@ pub struct Host {
     sandbox: Sandbox,
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    admin: Option<AdminServer>,
 }
 
 impl Host {
-    /// Compiles and validates every mount's module and instantiates each
-    /// once. Any that fails refuses the whole configuration, each error
-    /// naming tenant, mount and file.
+    /// Starts the admin listener, then compiles and validates every
+    /// mount's module and instantiates each once. Any that fails refuses
+    /// the whole configuration, each error naming tenant, mount and file.
     pub async fn load(config: Config) -> Result<Host, HostError> {
+        // Listening first: a liveness probe is answered while modules
+        // compile (not ready until the mounts start).
+        let metrics = Metrics::new();
+        let health = Arc::new(Health::default());
+        let admin = match config.admin.clone() {
+            Some(admin) => Some(
+                AdminServer::start(admin.listen, admin.token, metrics.clone(), health.clone())
+                    .await
+                    .map_err(|e| HostError::Admin {
+                        address: admin.listen,
+                        reason: e.to_string(),
+                    })?,
+            ),
+            None => None,
+        };
         warn_if_pool_short(&config);
-        let sandbox = Sandbox::new(config.host.max_instances)
-            .map_err(|e| HostError::Engine(wharf_core::words::chain(e.chain())))?;
+        let sandbox = Sandbox::with_module_cache(
+            config.host.max_instances,
+            config.host.module_cache.as_deref(),
+        )
+        .map_err(|e| HostError::Engine(wharf_core::words::chain(e.chain())))?;
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
         probe_modules(&sandbox, &config, &modules)
             .await
@@ -99,7 +119,9 @@ impl Host {
             modules,
             sandbox,
             events,
-            metrics: Metrics::new(),
+            metrics,
+            health,
+            admin,
         })
     }
 
@@ -109,28 +131,12 @@ impl Host {
         self.events.subscribe()
     }
 
-    /// Starts the admin listener and every mount, and watches module files
+    /// Starts every mount, and watches module files
     /// and the config file for changes. Mounts attach in the background
     /// (each [`Event::MountReady`] says one is up); a broker that cannot be
     /// reached is retried, never a reason to stop.
     pub async fn start(self) -> Result<RunningHost, HostError> {
-        let health = Arc::new(Health::default());
-        let admin = match self.config.admin.clone() {
-            Some(admin) => Some(
-                AdminServer::start(
-                    admin.listen,
-                    admin.token,
-                    self.metrics.clone(),
-                    health.clone(),
-                )
-                .await
-                .map_err(|e| HostError::Admin {
-                    address: admin.listen,
-                    reason: e.to_string(),
-                })?,
-            ),
-            None => None,
-        };
+        let (admin, health) = (self.admin, self.health);
         let (telemetry, exporter) = start_telemetry(&self.config, &self.metrics)?;
         let events = self.events.clone();
         let metrics = self.metrics.clone();
