@@ -1,8 +1,9 @@
-//! The manifests under `deploy/kubernetes/` agree with what wharf needs:
-//! the config they mount loads, the probes and ports are the admin
-//! listener's, the grace period outlasts `shutdown_grace`, the secret
-//! files the config names are the ones mounted, and every selector and
-//! scale target finds the Deployment.
+//! The manifests under `deploy/kubernetes/` and what the Helm chart under
+//! `deploy/helm/wharf` renders agree with what wharf needs: the config
+//! they mount loads, the probes and ports are the admin listener's, the
+//! grace period outlasts `shutdown_grace`, the secret files the config
+//! names are the ones mounted, every selector and scale target finds the
+//! Deployment, and the monitoring names only metrics wharf exposes.
 
 use std::path::Path;
 use std::time::Duration;
@@ -49,20 +50,130 @@ fn strings<'a>(value: &'a Value, key: &str) -> anyhow::Result<Vec<&'a str>> {
         .collect())
 }
 
+/// The documents of a kind among `documents`.
+fn of_kind<'a>(documents: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    documents.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// The one document of a kind among `documents`.
+fn one<'a>(documents: &'a [Value], kind: &str) -> anyhow::Result<&'a Value> {
+    match of_kind(documents, kind)[..] {
+        [document] => Ok(document),
+        ref found => anyhow::bail!("{} documents of kind {kind}", found.len()),
+    }
+}
+
+/// What the kustomize base applies: each resource it lists (with the labels
+/// it adds to every resource and selector) and the KEDA objects beside it.
+fn kustomize_documents() -> anyhow::Result<Vec<Value>> {
+    let base = repo_root().join("deploy/kubernetes");
+    let kustomization = manifest("kustomization.yaml")?;
+    let labels = kustomization["labels"][0]["pairs"].clone();
+    let mut all = Vec::new();
+    for resource in strings(&kustomization, "resources")? {
+        for mut document in documents(&base.join(resource))? {
+            let service = document["kind"] == "Service";
+            if !document["metadata"]["labels"].is_object() {
+                document["metadata"]["labels"] = Value::Object(Default::default());
+            }
+            for pointer in [
+                "/metadata/labels",
+                "/spec/selector/matchLabels",
+                "/spec/template/metadata/labels",
+                if service { "/spec/selector" } else { "/none" },
+            ] {
+                if let Some(Value::Object(at)) = document.pointer_mut(pointer) {
+                    at.extend(labels.as_object().cloned().unwrap_or_default());
+                }
+            }
+            all.push(document);
+        }
+    }
+    // Not listed (they need KEDA's CRDs), applied on their own.
+    for keda in ["keda/artemis.yaml", "keda/rabbitmq.yaml"] {
+        all.extend(documents(&base.join(keda))?);
+    }
+    Ok(all)
+}
+
+/// What `helm template` renders of the chart with `values` set.
+fn helm_documents(values: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let helm = std::process::Command::new(repo_root().join("scripts/helm")).output()?;
+    anyhow::ensure!(
+        helm.status.success(),
+        "scripts/helm: {}",
+        String::from_utf8_lossy(&helm.stderr)
+    );
+    let helm = String::from_utf8(helm.stdout)?.trim().to_owned();
+    let mut command = std::process::Command::new(helm);
+    command
+        .arg("template")
+        .arg("wharf")
+        .arg(repo_root().join("deploy/helm/wharf"));
+    for value in values {
+        command.arg("--set").arg(value);
+    }
+    let rendered = command.output()?;
+    anyhow::ensure!(
+        rendered.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let text = String::from_utf8(rendered.stdout)?;
+    serde_norway::Deserializer::from_str(&text)
+        .map(|document| {
+            let value: serde_norway::Value = serde::Deserialize::deserialize(document)?;
+            Ok(serde_json::to_value(value)?)
+        })
+        .filter(|d| !matches!(d, Ok(Value::Null)))
+        .collect()
+}
+
 #[test]
-fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
+fn the_kustomize_base_agrees_with_the_config_it_mounts() -> anyhow::Result<()> {
     let kustomization = manifest("kustomization.yaml")?;
     let resources = strings(&kustomization, "resources")?;
-    for resource in &resources {
-        manifest(resource)?;
-    }
-    let deployment = manifest("deployment.yaml")?;
-    let config_map = manifest("configmap.yaml")?;
     // No secret is deployed: the example says what to create.
     assert!(
         !resources.iter().any(|r| r.contains("secret")),
         "{resources:?}"
     );
+    check_pod(&kustomize_documents()?, false)
+}
+
+#[test]
+fn the_helm_chart_renders_what_the_base_checks_hold_for() -> anyhow::Result<()> {
+    let rendered = helm_documents(&[])?;
+    assert!(
+        of_kind(&rendered, "Secret").is_empty(),
+        "no secret rendered"
+    );
+    check_pod(&rendered, true)?;
+    let scaled = helm_documents(&[
+        "keda.enabled=true",
+        "keda.triggers[0].type=artemis-queue",
+        "keda.triggers[0].metadata.queueName=orders",
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+    ])?;
+    check_pod(&scaled, false)?;
+    // The chart's alerts are the base's.
+    let rule = one(&scaled, "PrometheusRule")?;
+    let base = documents(&repo_root().join("deploy/kubernetes/monitoring/prometheusrule.yaml"))?;
+    assert_eq!(rule["spec"], base[0]["spec"], "the chart's rules");
+    let monitor = one(&scaled, "ServiceMonitor")?;
+    check_service_monitor(monitor, one(&scaled, "Service")?)?;
+    Ok(())
+}
+
+/// The pod the documents run agrees with what wharf needs: the config it
+/// mounts loads, probes and ports are the admin listener's, the grace
+/// period outlasts `shutdown_grace`, the secret files the config names
+/// are mounted, compiled modules are kept on a volume, and every selector
+/// and scale target finds the Deployment. `replicas`: whether the
+/// Deployment may fix its count (not when KEDA's HPA owns it).
+fn check_pod(documents: &[Value], replicas: bool) -> anyhow::Result<()> {
+    let deployment = one(documents, "Deployment")?;
     let secret = manifest("secret.example.yaml")?;
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
@@ -89,14 +200,15 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
         .position(|a| *a == "--config")
         .context("--config")?
         + 1];
-    assert_eq!(
-        text(&volume("config"), "/configMap/name"),
-        text(&config_map, "/metadata/name")
-    );
+    let config_map_name = text(&volume("config"), "/configMap/name").to_owned();
+    let config_map = of_kind(documents, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == config_map_name.as_str())
+        .context("the config volume's ConfigMap")?;
     let file = Path::new(config_path)
         .strip_prefix(mount_of("config"))
         .context("the config path is on the config volume")?;
-    let toml = text(&config_map, &format!("/data/{}", file.display()));
+    let toml = text(config_map, &format!("/data/{}", file.display()));
 
     // It loads, with its modules and secret files where the pod has them.
     let root = std::env::temp_dir().join(unique("k8s"));
@@ -179,35 +291,31 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
     let matches = |selector: &Value| {
         selector
             .as_object()
-            .is_some_and(|s| s.iter().all(|(k, v)| &labels[k] == v))
+            .is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| &labels[k] == v))
     };
     assert!(matches(&deployment["spec"]["selector"]["matchLabels"]));
-    assert!(matches(&manifest("service.yaml")?["spec"]["selector"]));
-    assert!(matches(
-        &manifest("pdb.yaml")?["spec"]["selector"]["matchLabels"]
-    ));
-    let service = manifest("service.yaml")?;
+    let service = one(documents, "Service")?;
+    assert!(matches(&service["spec"]["selector"]), "{service}");
+    let pdb = one(documents, "PodDisruptionBudget")?;
+    assert!(matches(&pdb["spec"]["selector"]["matchLabels"]));
     assert_eq!(service["spec"]["ports"][0]["targetPort"], port_name);
     // /metrics answers 401 without the token: no scrape that cannot carry it.
     assert!(
         service["metadata"]["annotations"]["prometheus.io/scrape"].is_null(),
         "{service}"
     );
-    // The HPA owns the count; an outage never blocks a drain.
-    assert!(deployment["spec"]["replicas"].is_null());
+    // An outage never blocks a drain.
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     assert_eq!(
-        manifest("pdb.yaml")?["spec"]["unhealthyPodEvictionPolicy"],
-        "AlwaysAllow"
+        !deployment["spec"]["replicas"].is_null(),
+        replicas,
+        "replicas: {}",
+        deployment["spec"]["replicas"]
     );
-    for keda in ["keda/artemis.yaml", "keda/rabbitmq.yaml"] {
-        let scaled = documents(&repo_root().join("deploy/kubernetes").join(keda))?;
-        let object = scaled
-            .iter()
-            .find(|d| d["kind"] == "ScaledObject")
-            .context("a ScaledObject")?;
+    for object in of_kind(documents, "ScaledObject") {
         assert_eq!(
-            object["spec"]["scaleTargetRef"]["name"], deployment["metadata"]["name"],
-            "{keda}"
+            object["spec"]["scaleTargetRef"]["name"],
+            deployment["metadata"]["name"]
         );
         for trigger in object["spec"]["triggers"].as_array().context("triggers")? {
             let queue = trigger["metadata"]["queueName"]
@@ -215,9 +323,100 @@ fn the_manifests_agree_with_the_config_they_mount() -> anyhow::Result<()> {
                 .context("queueName")?;
             assert!(
                 config.mounts().any(|(_, m)| m.address == queue),
-                "{keda} scales on `{queue}`, which no mount consumes"
+                "a ScaledObject scales on `{queue}`, which no mount consumes"
             );
         }
     }
+    Ok(())
+}
+
+/// The ServiceMonitor finds the admin Service and carries the token from
+/// the Secret wharf reads.
+fn check_service_monitor(monitor: &Value, service: &Value) -> anyhow::Result<()> {
+    let secret = manifest("secret.example.yaml")?;
+    let labels = &service["metadata"]["labels"];
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("a selector")?
+    {
+        assert_eq!(&labels[key], value, "the Service is labelled {key}");
+    }
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], service["spec"]["ports"][0]["name"]);
+    let credentials = &endpoint["authorization"]["credentials"];
+    assert_eq!(credentials["name"], secret["metadata"]["name"]);
+    let key = text(credentials, "/key");
+    assert!(
+        secret["stringData"][key].is_string(),
+        "no `{key}` in the Secret"
+    );
+    Ok(())
+}
+
+/// The monitoring manifests fit wharf: the ServiceMonitor finds the admin
+/// Service and carries the token from the Secret wharf reads, and every
+/// metric the alerts and the dashboard name is one wharf exposes (those a
+/// running host shows, and the labelled ones it shows once used).
+#[tokio::test]
+async fn the_alerts_and_the_dashboard_name_only_metrics_wharf_exposes() -> anyhow::Result<()> {
+    let monitoring = repo_root().join("deploy/kubernetes/monitoring");
+    let monitor = documents(&monitoring.join("servicemonitor.yaml"))?.remove(0);
+    let base = kustomize_documents()?;
+    check_service_monitor(&monitor, one(&base, "Service")?)?;
+
+    // What a running host exposes: each family's series names.
+    let text_of = |config: &str| {
+        let mount = crate::MountToml::new("m", "ack", &unique("metrics"));
+        let mut text = crate::config_text(&crate::artemis_url(), &[mount]);
+        text.push_str(config);
+        text
+    };
+    let config = Config::parse(
+        &text_of("[admin]\nlisten = \"127.0.0.1:0\"\n"),
+        &repo_root().join("test.toml"),
+    )?;
+    let host = crate::TestHost::start_config(config).await?;
+    let admin = host.host().admin_address().context("admin listener")?;
+    let (status, page) = crate::tenants::http_get(admin, "/metrics").await?;
+    host.stop().await?;
+    assert!(status.contains("200"), "{status}");
+    // Every series wharf may expose (a labelled one appears once used),
+    // which the running host's page agrees with.
+    let exposed: std::collections::BTreeSet<String> = wharf::admin::Metrics::new()
+        .series_names()
+        .iter()
+        .cloned()
+        .collect();
+    let mut on_the_page = 0;
+    for line in page.lines().filter(|line| !line.starts_with('#')) {
+        let name: String = line
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(exposed.contains(&name), "`{name}` is not among {exposed:?}");
+        on_the_page += 1;
+    }
+    assert!(on_the_page > 5, "{page}");
+    let rules = std::fs::read_to_string(monitoring.join("prometheusrule.yaml"))?;
+    let dashboard = std::fs::read_to_string(monitoring.join("dashboard.json"))?;
+    serde_json::from_str::<Value>(&dashboard).context("the dashboard is JSON")?;
+    let mut named = 0;
+    for (file, text) in [
+        ("prometheusrule.yaml", &rules),
+        ("dashboard.json", &dashboard),
+    ] {
+        for (at, _) in text.match_indices("wharf_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                exposed.contains(&name),
+                "{file} names `{name}`, which wharf does not expose: {exposed:?}"
+            );
+            named += 1;
+        }
+    }
+    assert!(named > 10, "{named} metric names read");
     Ok(())
 }

@@ -10,6 +10,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::sandbox::LogTags;
@@ -38,6 +39,16 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     tenant: String,
     mount: String,
@@ -47,6 +58,8 @@ struct ResultLabels {
 /// Every metric of the host.
 pub struct Metrics {
     registry: Registry,
+    /// The name of every series the registry can hold.
+    series: Vec<String>,
     deliveries: Family<DeliveryLabels, Counter>,
     failures: Family<KindLabels, Counter>,
     duration: Family<MountLabels, Histogram>,
@@ -55,6 +68,7 @@ pub struct Metrics {
     outputs_published: Family<ResultLabels, Counter>,
     dead_letters: Family<MountLabels, Counter>,
     module_reloads: Family<ResultLabels, Counter>,
+    config_reloads: Family<OutcomeLabels, Counter>,
     output_dropped: Family<MountLabels, Counter>,
     mounts_running: Gauge,
     links_up: Family<MountLabels, Gauge>,
@@ -80,7 +94,10 @@ struct BrokerLabels {
 impl Metrics {
     /// Registers every metric, all at zero.
     pub fn new() -> Arc<Metrics> {
-        let mut registry = Registry::with_prefix("wharf");
+        let mut registry = Registering {
+            registry: Registry::with_prefix("wharf"),
+            series: Vec::new(),
+        };
         let deliveries = registered(
             &mut registry,
             "deliveries",
@@ -116,6 +133,21 @@ impl Metrics {
             "module_reloads",
             "Module files reloaded after a change, by result (error: the old module keeps serving)",
         );
+        let config_reloads = registered(
+            &mut registry,
+            "config_reloads",
+            "Config reloads (file change or SIGHUP), by result (error: nothing changed)",
+        );
+        let build_info = registered::<Family<VersionLabels, Gauge>>(
+            &mut registry,
+            "build_info",
+            "1, labelled with the version of wharf running",
+        );
+        build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         let log_lines_dropped = registered(
             &mut registry,
             "log_lines_dropped",
@@ -141,11 +173,12 @@ impl Metrics {
         let duration = Family::<MountLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0001, 4.0, 10))
         });
-        registry.register(
+        registry.registry.register(
             "handler_duration_seconds",
             "Time from the start of a handler call to its outcome, instantiation included",
             duration.clone(),
         );
+        registry.named("handler_duration_seconds", MetricType::Histogram);
         let mounts_running = registered(
             &mut registry,
             "mounts_running",
@@ -192,7 +225,8 @@ impl Metrics {
             "AMQP connections to the broker lost without being closed by wharf",
         );
         Arc::new(Metrics {
-            registry,
+            registry: registry.registry,
+            series: registry.series,
             deliveries,
             failures,
             duration,
@@ -201,6 +235,7 @@ impl Metrics {
             outputs_published,
             dead_letters,
             module_reloads,
+            config_reloads,
             output_dropped,
             log_lines_dropped,
             spans,
@@ -217,9 +252,23 @@ impl Metrics {
         })
     }
 
+    /// The name of every series wharf may expose (a labelled one appears in
+    /// `/metrics` once first used), for checking alerts and dashboards.
+    pub fn series_names(&self) -> &[String] {
+        &self.series
+    }
+
     /// Deliveries handled so far, over all mounts.
     pub fn handled_total(&self) -> u64 {
         self.handled_total.load(Ordering::Relaxed)
+    }
+
+    /// Counts a config reload.
+    pub fn config_reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.config_reloads
+            .get_or_create(&OutcomeLabels { result })
+            .inc();
     }
 
     /// Records what a broker pool reports: `broker` is the tenant owning it,
@@ -273,9 +322,36 @@ impl Metrics {
 }
 
 /// A new metric, registered.
-fn registered<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+/// A registry being filled, with the series names of what it holds.
+struct Registering {
+    registry: Registry,
+    series: Vec<String>,
+}
+
+impl Registering {
+    /// Notes the series a metric of `kind` named `name` writes.
+    fn named(&mut self, name: &str, kind: MetricType) {
+        let suffixes: &[&str] = match kind {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        self.series.extend(
+            suffixes
+                .iter()
+                .map(|suffix| format!("wharf_{name}{suffix}")),
+        );
+    }
+}
+
+fn registered<M: Metric + TypedMetric + Clone + Default>(
+    registry: &mut Registering,
+    name: &str,
+    help: &str,
+) -> M {
     let metric = M::default();
-    registry.register(name, help, metric.clone());
+    registry.registry.register(name, help, metric.clone());
+    registry.named(name, M::TYPE);
     metric
 }
 

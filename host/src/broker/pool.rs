@@ -228,6 +228,8 @@ impl PoolTask {
         let begun = live.connection.begin_session().await;
         let session = begun.map(|session| lease(&mut live, session));
         self.connections.push(live);
+        // Counted once it is in the pool: readiness and the metrics read it.
+        self.publish_status(None);
         session.map_err(Arc::new)
     }
 
@@ -263,7 +265,6 @@ impl PoolTask {
                 self.opened += 1;
                 self.backoff.reset();
                 self.failed_until = None;
-                self.publish_status(None);
                 Ok(Live {
                     id: self.opened,
                     connection,

@@ -401,6 +401,7 @@ impl Control {
             }
         };
         self.watch_files();
+        self.metrics.config_reloaded(change.error.is_none());
         match &change.error {
             Some(error) if !self.awaited.is_empty() => tracing::error!(
                 "config reload failed, tried again when the module arrives: {error}"
