@@ -9,7 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::attach::MountContext;
+use super::context::MountContext;
 use super::report::{DeliveryReport, HandlerResult, Handling};
 use super::settle::{self, Arrived, Settler};
 use crate::broker::Inbound;

@@ -9,6 +9,7 @@
 //! - [`settle`]: carrying out a plan on the link.
 
 mod attach;
+mod context;
 mod deliver;
 mod receive;
 mod report;

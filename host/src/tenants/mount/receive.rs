@@ -15,7 +15,8 @@ use tracing::Instrument;
 use std::pin::Pin;
 
 use super::MountSpec;
-use super::attach::{AttachedMount, MountContext};
+use super::attach::AttachedMount;
+use super::context::MountContext;
 use super::settle::{self, Arrived, NotSettled, SettleRequest, Settler};
 use super::{deliver, report};
 use crate::broker::{BrokerError, Inbound, Received, Subscription, Unread};

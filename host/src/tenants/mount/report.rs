@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::field;
 
-use super::attach::MountContext;
+use super::context::MountContext;
 use crate::broker::PooledSession;
 use crate::broker::management::QueueInfo;
 use crate::events::{Event, Handled};

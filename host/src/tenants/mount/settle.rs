@@ -10,7 +10,7 @@ use fe2o3_amqp::link::delivery::DeliveryInfo;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::attach::MountContext;
+use super::context::MountContext;
 use super::report;
 use crate::admin::MountMetrics;
 use crate::broker::{BrokerError, Output, PublishFailure, Transactions};
