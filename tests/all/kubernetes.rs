@@ -50,6 +50,49 @@ fn strings<'a>(value: &'a Value, key: &str) -> anyhow::Result<Vec<&'a str>> {
         .collect())
 }
 
+/// The trigger metadata keys each KEDA scaler reads, from KEDA 2.18.0's
+/// `pkg/scalers` (its `keda:"name=..."` tags). KEDA ignores any other key
+/// without a word, so a misspelt one silently changes what is measured.
+const KEDA_KEYS: &[(&str, &[&str])] = &[
+    (
+        "artemis-queue",
+        &[
+            "managementEndpoint",
+            "queueName",
+            "brokerName",
+            "brokerAddress",
+            "username",
+            "password",
+            "restApiTemplate",
+            "queueLength",
+            "activationQueueLength",
+            "corsHeader",
+            "unsafeSsl",
+        ],
+    ),
+    (
+        "rabbitmq",
+        &[
+            "queueName",
+            "mode",
+            "queueLength",
+            "value",
+            "activationValue",
+            "host",
+            "protocol",
+            "vhostName",
+            "useRegex",
+            "excludeUnacknowledged",
+            "pageSize",
+            "operation",
+            "timeout",
+            "username",
+            "password",
+            "unsafeSsl",
+        ],
+    ),
+];
+
 /// The documents of a kind among `documents`.
 fn of_kind<'a>(documents: &'a [Value], kind: &str) -> Vec<&'a Value> {
     documents.iter().filter(|d| d["kind"] == kind).collect()
@@ -318,6 +361,17 @@ fn check_pod(documents: &[Value], replicas: bool) -> anyhow::Result<()> {
             deployment["metadata"]["name"]
         );
         for trigger in object["spec"]["triggers"].as_array().context("triggers")? {
+            let kind = text(trigger, "/type");
+            let (_, read) = KEDA_KEYS
+                .iter()
+                .find(|(scaler, _)| *scaler == kind)
+                .with_context(|| format!("a trigger of type {kind}, whose keys are not known"))?;
+            for key in trigger["metadata"].as_object().context("metadata")?.keys() {
+                assert!(
+                    read.contains(&key.as_str()),
+                    "KEDA's {kind} scaler ignores `{key}` (it reads {read:?})"
+                );
+            }
             let queue = trigger["metadata"]["queueName"]
                 .as_str()
                 .context("queueName")?;
