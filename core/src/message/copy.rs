@@ -178,8 +178,10 @@ fn edit_map(
     let mut content = Vec::new();
     let mut count: u32 = 0;
     for (key, value) in entries {
-        let decoded: Value = serde_amqp::from_slice(key).ok()?;
-        if dropped(&decoded) {
+        // A key that does not read as a value on its own is none of those
+        // dropped (they are symbols and strings): it stays as it was.
+        let decoded: Option<Value> = serde_amqp::from_slice(key).ok();
+        if decoded.is_some_and(|key| dropped(&key)) {
             continue;
         }
         content.extend_from_slice(key);
