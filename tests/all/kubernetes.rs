@@ -474,3 +474,73 @@ async fn the_alerts_and_the_dashboard_name_only_metrics_wharf_exposes() -> anyho
     assert!(named > 10, "{named} metric names read");
     Ok(())
 }
+
+/// `keda/rabbitmq.yaml`'s trigger, its request formed as KEDA 2.18 forms
+/// it (`getQueueInfoViaHTTP`: the host's path names the vhost, `/` being
+/// `%2F`; `excludeUnacknowledged` reads `messages_ready`), answered by
+/// RabbitMQ 4: the backlog is counted, and originals wharf holds through
+/// their `retry_after` delay are not.
+#[tokio::test]
+async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> anyhow::Result<()> {
+    let _shared = crate::rabbitmq4_shared().await;
+    let keda = documents(&repo_root().join("deploy/kubernetes/keda/rabbitmq.yaml"))?;
+    let object = keda
+        .iter()
+        .find(|d| d["kind"] == "ScaledObject")
+        .context("a ScaledObject")?;
+    let trigger = &object["spec"]["triggers"][0]["metadata"];
+    assert_eq!(trigger["protocol"], "http");
+    assert_eq!(trigger["mode"], "QueueLength");
+    let field = if trigger["excludeUnacknowledged"] == "true" {
+        "messages_ready"
+    } else {
+        "messages"
+    };
+    let queue = unique("keda");
+    wharf_tests::rabbitmq4::declare(&queue, "classic", "").await?;
+    // The path of the TriggerAuthentication's host,
+    // `http://guest:guest@127.0.0.1:15674/` here: its last segment names
+    // the vhost.
+    let host_path = "/";
+    let vhost = match host_path.rsplit('/').next() {
+        Some("") | None => "%2F".to_owned(),
+        Some(vhost) => vhost.to_owned(),
+    };
+    let path = format!("/api/queues/{vhost}/{queue}");
+    let backlog = async |expected: u64| {
+        crate::wait_for_count(&format!("{queue}: {field}"), expected, async || {
+            let body = wharf_tests::rabbitmq4::get(&path).await?;
+            let info: Value = serde_json::from_str(&body)?;
+            // Absent until the broker's first statistics: KEDA's decoder
+            // reads that as 0 too.
+            Ok(info[field].as_u64().unwrap_or(0))
+        })
+        .await
+    };
+    let address = format!("/queues/{queue}");
+    let mut client = crate::client::Client::connect(&crate::rabbitmq4_url()).await?;
+    for n in 0..7 {
+        let id = format!("{queue}.{n}");
+        client
+            .publish(
+                &address,
+                crate::client::TestMessage::new(&id, "x").script("1:after=600000"),
+            )
+            .await?;
+    }
+    backlog(7).await?;
+    // wharf takes them all and holds each through its ten-minute delay.
+    let mount = crate::MountToml::new("m", "fixture_script", &address);
+    let host_config = crate::config_text(&crate::rabbitmq4_url(), &[mount]);
+    let mut host =
+        crate::TestHost::start_config(Config::parse(&host_config, &repo_root().join("test.toml"))?)
+            .await?;
+    for n in 0..7 {
+        host.started(&format!("{queue}.{n}")).await?;
+    }
+    backlog(0).await?;
+    host.stop().await?;
+    client.close().await;
+    wharf_tests::rabbitmq4::delete(&queue).await?;
+    Ok(())
+}

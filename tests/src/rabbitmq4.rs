@@ -57,6 +57,31 @@ pub async fn delete(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The body of a `GET` of `path`.
+pub async fn get(path: &str) -> anyhow::Result<String> {
+    let (status, response) = request("GET", path, "").await?;
+    anyhow::ensure!(status == 200, "GET {path}: {response}");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Ok(body.to_owned());
+    }
+    // Chunked: each chunk's size in hex on a line of its own.
+    let mut rest = body;
+    let mut joined = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).context("a chunk size")?;
+        if size == 0 {
+            break;
+        }
+        joined.push_str(after.get(..size).context("a whole chunk")?);
+        rest = after.get(size + 2..).unwrap_or("");
+    }
+    Ok(joined)
+}
+
 /// Binds queue `queue` to `exchange` with `key`.
 pub async fn bind(exchange: &str, queue: &str, key: &str) -> anyhow::Result<()> {
     let body = format!(r#"{{"routing_key":"{key}"}}"#);
