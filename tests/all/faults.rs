@@ -770,14 +770,8 @@ async fn one_tenants_bad_address_leaves_the_pod_ready_and_the_others_served() ->
     );
     let mut host =
         TestHost::start_unattached(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
-    host.next(|e| {
-        matches!(e, Event::MountReady { tenant, .. } if &**tenant == "good").then_some(())
-    })
-    .await?;
-    host.next(|e| {
-        matches!(e, Event::MountDown { tenant, .. } if &**tenant == "typo").then_some(())
-    })
-    .await?;
+    host.tenant_up("good").await?;
+    host.tenant_down("typo").await?;
     let admin = host.host().admin_address().expect("admin listener");
     let (status, body) = http_get(admin, "/readyz").await?;
     assert!(status.contains("200"), "{status} {body}");
@@ -823,10 +817,7 @@ async fn a_tenant_whose_broker_is_away_at_start_keeps_trying_while_the_others_se
     );
     let mut host =
         TestHost::start_unattached(Config::parse(&text, &repo_root().join("test.toml"))?).await?;
-    host.next(|e| {
-        matches!(e, Event::MountReady { tenant, .. } if &**tenant == "here").then_some(())
-    })
-    .await?;
+    host.tenant_up("here").await?;
     let mut client = Client::connect(&url).await?;
     client.publish(&here, TestMessage::new(&here, "x")).await?;
     assert_eq!(
@@ -835,10 +826,7 @@ async fn a_tenant_whose_broker_is_away_at_start_keeps_trying_while_the_others_se
     );
     // It keeps trying, and readiness says who is not up and why.
     for _ in 0..3 {
-        host.next(|e| {
-            matches!(e, Event::MountDown { tenant, .. } if &**tenant == "away").then_some(())
-        })
-        .await?;
+        host.tenant_down("away").await?;
     }
     let admin = host.host().admin_address().expect("admin listener");
     let (status, body) = http_get(admin, "/readyz").await?;

@@ -549,11 +549,7 @@ async fn a_tenant_whose_own_connection_fails_comes_back_while_the_others_serve()
     let mut host = TestHost::start_config(Config::load(&config)?).await?;
     let mut client = Client::connect(&url).await?;
     client.artemis_close_consumer_connections(&own).await?;
-    host.next(|e| match e {
-        Event::MountDown { tenant, .. } if &**tenant == "own" => Some(()),
-        _ => None,
-    })
-    .await?;
+    host.tenant_down("own").await?;
     // The other tenant, on the shared connection, keeps serving.
     client
         .publish(&shared, TestMessage::new(&shared, "x"))
@@ -563,11 +559,7 @@ async fn a_tenant_whose_own_connection_fails_comes_back_while_the_others_serve()
         Some(Disposition::Accepted)
     );
     // The tenant's mount attaches again on its own and serves.
-    host.next(|e| match e {
-        Event::MountReady { tenant, .. } if &**tenant == "own" => Some(()),
-        _ => None,
-    })
-    .await?;
+    host.tenant_up("own").await?;
     client.publish(&own, TestMessage::new(&own, "x")).await?;
     assert_eq!(
         host.handled(&own).await?.disposition,

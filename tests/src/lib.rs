@@ -339,6 +339,22 @@ impl TestHost {
         self.backlog.iter().any(pick)
     }
 
+    /// Waits until a mount of `tenant` is attached.
+    pub async fn tenant_up(&mut self, tenant: &str) -> anyhow::Result<()> {
+        self.next(|e| {
+            matches!(e, Event::MountReady { tenant: t, .. } if &**t == tenant).then_some(())
+        })
+        .await
+    }
+
+    /// Waits until a mount of `tenant` goes down (or fails to attach).
+    pub async fn tenant_down(&mut self, tenant: &str) -> anyhow::Result<()> {
+        self.next(|e| {
+            matches!(e, Event::MountDown { tenant: t, .. } if &**t == tenant).then_some(())
+        })
+        .await
+    }
+
     /// The next handled delivery of message `id`.
     pub async fn handled(&mut self, id: &str) -> anyhow::Result<Handled> {
         self.next(|e| match e {
