@@ -11,12 +11,14 @@
 //! - [`telemetry`]: spans exported over OTLP;
 //! - [`admin`]: metrics and health over HTTP;
 //! - [`authoring`]: tools for handler authors (`wharf new`, `invoke`,
-//!   `componentize`).
+//!   `componentize`);
+//! - [`kube`]: KEDA objects made from the config.
 
 pub mod admin;
 pub mod authoring;
 pub mod broker;
 pub mod events;
+pub mod kube;
 pub mod logging;
 pub mod sandbox;
 mod sync;

@@ -159,6 +159,13 @@ enum Command {
         #[arg(long)]
         reply_to: Option<String>,
     },
+    /// Print the KEDA `ScaledObject` that scales a Deployment of this
+    /// config on its mounts' backlog: `wharf kube scaledobject --broker
+    /// rabbitmq | kubectl apply -f -` (JSON, which kubectl reads as YAML).
+    Kube {
+        #[command(subcommand)]
+        object: KubeObject,
+    },
     /// Start a handler project: `wharf new --lang go my-handler`.
     New {
         /// The language: rust, js, python, go or c.
@@ -179,6 +186,93 @@ enum Command {
         #[arg(long)]
         realloc_via_memory_grow: bool,
     },
+}
+
+/// What `wharf kube` makes.
+#[derive(Subcommand)]
+enum KubeObject {
+    /// A `ScaledObject`: one trigger per queue a mount consumes on the
+    /// host's broker, summed.
+    Scaledobject {
+        /// The configuration file.
+        #[arg(long, short, default_value = "wharf.toml")]
+        config: PathBuf,
+        /// The broker, whose scaler reads the backlog.
+        #[arg(long, value_enum)]
+        broker: KedaBroker,
+        /// Artemis: the web console's `host:port`, as the cluster reaches it.
+        #[arg(long, required_if_eq("broker", "artemis"))]
+        management_endpoint: Option<String>,
+        /// Artemis: the broker's name (`<name>` in broker.xml).
+        #[arg(long, required_if_eq("broker", "artemis"))]
+        broker_name: Option<String>,
+        /// The Deployment scaled.
+        #[arg(long, default_value = "wharf")]
+        deployment: String,
+        /// The `TriggerAuthentication` with the management API's
+        /// credentials (RabbitMQ: its `host`).
+        #[arg(long, default_value = "wharf-broker-management")]
+        authentication: String,
+        /// Backlog per replica.
+        #[arg(long, default_value_t = 200)]
+        target: u32,
+        /// Fewest replicas (also held when the management API does not
+        /// answer).
+        #[arg(long, default_value_t = 1)]
+        min_replicas: u32,
+        /// Most replicas.
+        #[arg(long, default_value_t = 10)]
+        max_replicas: u32,
+    },
+}
+
+/// A broker KEDA has a scaler for.
+#[derive(Clone, Copy, ValueEnum)]
+enum KedaBroker {
+    Artemis,
+    Rabbitmq,
+}
+
+/// Prints the `ScaledObject`, and on stderr each mount left out and why.
+fn scaled_object(object: KubeObject) -> anyhow::Result<()> {
+    let KubeObject::Scaledobject {
+        config,
+        broker,
+        management_endpoint,
+        broker_name,
+        deployment,
+        authentication,
+        target,
+        min_replicas,
+        max_replicas,
+    } = object;
+    let config = Config::load(&config)?;
+    let scaler = match broker {
+        KedaBroker::Artemis => wharf::kube::Scaler::Artemis {
+            management_endpoint: management_endpoint.unwrap_or_default(),
+            broker_name: broker_name.unwrap_or_default(),
+        },
+        KedaBroker::Rabbitmq => wharf::kube::Scaler::RabbitMq,
+    };
+    let options = wharf::kube::ScaleOptions {
+        deployment,
+        authentication,
+        target,
+        min_replicas,
+        max_replicas,
+    };
+    let (object, left_out) = wharf::kube::scaled_object(&config, &scaler, &options);
+    for why in &left_out {
+        eprintln!("left out: {why}");
+    }
+    anyhow::ensure!(
+        object["spec"]["triggers"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "no mount consumes a queue on the host's broker: nothing to scale on"
+    );
+    println!("{}", serde_json::to_string_pretty(&object)?);
+    Ok(())
 }
 
 fn parse_property(text: &str) -> Result<(String, String), String> {
@@ -237,6 +331,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             verbose,
             connect,
         } => check::check(&config, verbose, connect).await,
+        Command::Kube { object } => scaled_object(object),
         Command::Unsubscribe {
             config,
             tenant,

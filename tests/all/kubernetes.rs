@@ -483,12 +483,22 @@ async fn the_alerts_and_the_dashboard_name_only_metrics_wharf_exposes() -> anyho
 #[tokio::test]
 async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> anyhow::Result<()> {
     let _shared = crate::rabbitmq4_shared().await;
+    let queue = unique("keda");
+    let address = format!("/queues/{queue}");
+    let mount = crate::MountToml::new("m", "fixture_script", &address);
+    let host_config = crate::config_text(&crate::rabbitmq4_url(), &[mount]);
+    // The file's trigger, and the one `wharf kube scaledobject` makes.
     let keda = documents(&repo_root().join("deploy/kubernetes/keda/rabbitmq.yaml"))?;
-    let object = keda
+    let file = &keda
         .iter()
         .find(|d| d["kind"] == "ScaledObject")
-        .context("a ScaledObject")?;
-    let trigger = &object["spec"]["triggers"][0]["metadata"];
+        .context("a ScaledObject")?["spec"]["triggers"][0]["metadata"];
+    let made = scaled_object(&host_config, &["--broker", "rabbitmq"])?;
+    let trigger = &made["spec"]["triggers"][0]["metadata"];
+    for key in ["protocol", "mode", "excludeUnacknowledged"] {
+        assert_eq!(trigger[key], file[key], "{key}");
+    }
+    assert_eq!(trigger["queueName"], queue.as_str());
     assert_eq!(trigger["protocol"], "http");
     assert_eq!(trigger["mode"], "QueueLength");
     let field = if trigger["excludeUnacknowledged"] == "true" {
@@ -496,7 +506,6 @@ async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> a
     } else {
         "messages"
     };
-    let queue = unique("keda");
     wharf_tests::rabbitmq4::declare(&queue, "classic", "").await?;
     // The path of the TriggerAuthentication's host,
     // `http://guest:guest@127.0.0.1:15674/` here: its last segment names
@@ -517,7 +526,6 @@ async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> a
         })
         .await
     };
-    let address = format!("/queues/{queue}");
     let mut client = crate::client::Client::connect(&crate::rabbitmq4_url()).await?;
     for n in 0..7 {
         let id = format!("{queue}.{n}");
@@ -530,8 +538,6 @@ async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> a
     }
     backlog(7).await?;
     // wharf takes them all and holds each through its ten-minute delay.
-    let mount = crate::MountToml::new("m", "fixture_script", &address);
-    let host_config = crate::config_text(&crate::rabbitmq4_url(), &[mount]);
     let mut host =
         crate::TestHost::start_config(Config::parse(&host_config, &repo_root().join("test.toml"))?)
             .await?;
@@ -542,5 +548,105 @@ async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> a
     host.stop().await?;
     client.close().await;
     wharf_tests::rabbitmq4::delete(&queue).await?;
+    Ok(())
+}
+
+/// What `wharf kube scaledobject` prints for `config` with `args`, and
+/// what it says it left out.
+fn scaled_object_with_notes(config: &str, args: &[&str]) -> anyhow::Result<(Value, String)> {
+    let file = std::env::temp_dir().join(format!("{}.toml", unique("kube")));
+    std::fs::write(&file, config)?;
+    let output = std::process::Command::new(crate::process::wharf_binary())
+        .args(["kube", "scaledobject", "--config"])
+        .arg(&file)
+        .args(args)
+        .output()?;
+    std::fs::remove_file(&file)?;
+    let notes = String::from_utf8_lossy(&output.stderr).into_owned();
+    anyhow::ensure!(output.status.success(), "wharf kube scaledobject: {notes}");
+    Ok((serde_json::from_slice(&output.stdout)?, notes))
+}
+
+fn scaled_object(config: &str, args: &[&str]) -> anyhow::Result<Value> {
+    Ok(scaled_object_with_notes(config, args)?.0)
+}
+
+/// `wharf kube scaledobject` makes one trigger per queue a mount consumes
+/// on the host's broker, every key one KEDA reads, summed by the formula;
+/// it names each mount it leaves out; its object passes the checks the
+/// manifests' do.
+#[test]
+fn the_generated_scaled_object_has_a_trigger_per_queue_and_only_keys_keda_reads()
+-> anyhow::Result<()> {
+    let module = |name: &str, address: &str| crate::MountToml::new(name, "ack", address);
+    let tenants = [
+        crate::TenantToml::new(
+            "shop",
+            vec![
+                module("orders", "/queues/orders"),
+                module("refunds", "/amq/queue/refunds"),
+            ],
+        ),
+        crate::TenantToml::new(
+            "search",
+            vec![
+                module("index", "/queues/index%2Ev2"),
+                module("events", "/exchanges/events/all"),
+            ],
+        ),
+        crate::TenantToml::new("away", vec![module("m", "/queues/elsewhere")])
+            .with("[tenant.broker]")
+            .with("url = \"amqp://other:5672\""),
+    ];
+    let config = crate::tenants_text("amqp://rabbitmq:5672", "", &tenants);
+    let (object, notes) = scaled_object_with_notes(&config, &["--broker", "rabbitmq"])?;
+    let triggers = object["spec"]["triggers"].as_array().context("triggers")?;
+    let queues: Vec<&str> = triggers
+        .iter()
+        .map(|t| text(t, "/metadata/queueName"))
+        .collect();
+    assert_eq!(queues, ["orders", "refunds", "index.v2"]);
+    assert_eq!(
+        object["spec"]["advanced"]["scalingModifiers"]["formula"],
+        "q0 + q1 + q2"
+    );
+    assert!(
+        notes.contains("mount `events`") && notes.contains("not a queue"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("tenant `away`") && notes.contains("own broker"),
+        "{notes}"
+    );
+    let artemis = scaled_object(
+        &crate::config_text("amqp://artemis:5672", &[module("m", "orders::orders.v1")]),
+        &[
+            "--broker",
+            "artemis",
+            "--management-endpoint",
+            "artemis:8161",
+            "--broker-name",
+            "0.0.0.0",
+        ],
+    )?;
+    let trigger = &artemis["spec"]["triggers"][0]["metadata"];
+    assert_eq!(trigger["brokerAddress"], "orders");
+    assert_eq!(trigger["queueName"], "orders.v1");
+    // The checks every ScaledObject of the manifests passes, on these.
+    let mut base = kustomize_documents()?;
+    base.retain(|d| d["kind"] != "ScaledObject");
+    for made in [object, artemis] {
+        let mut documents = base.clone();
+        // The base's config consumes `orders`: the made object scales on it.
+        let mut made = made;
+        for trigger in made["spec"]["triggers"]
+            .as_array_mut()
+            .context("triggers")?
+        {
+            trigger["metadata"]["queueName"] = Value::from("orders");
+        }
+        documents.push(made);
+        check_pod(&documents, false)?;
+    }
     Ok(())
 }

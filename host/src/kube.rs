@@ -1,0 +1,177 @@
+//! KEDA `ScaledObject`s made from the config, so the triggers are the
+//! mounts' queues and cannot drift from them: one trigger per queue a
+//! mount on the host's broker consumes, summed by a formula (each pod
+//! serves every tenant, so every tenant's backlog adds replicas), with the
+//! keys KEDA's scalers read and a fallback.
+
+use serde_json::{Value, json};
+use wharf_core::config::{Config, Mount, Node};
+
+/// Which scaler reads the backlog, and how it reaches the broker's
+/// management API.
+#[derive(Debug, Clone)]
+pub enum Scaler {
+    /// KEDA's `artemis-queue` over Jolokia, with its own default request
+    /// (it reads `MessageCount`: scheduled copies count as backlog).
+    Artemis {
+        /// `host:port` of the web console.
+        management_endpoint: String,
+        /// The broker's name (`<name>` in `broker.xml`).
+        broker_name: String,
+    },
+    /// KEDA's `rabbitmq` over the management API, counting only messages
+    /// ready to be delivered (what wharf holds unsettled is not backlog);
+    /// the host comes from the `TriggerAuthentication`.
+    RabbitMq,
+}
+
+/// What the generated object says besides its triggers.
+#[derive(Debug, Clone)]
+pub struct ScaleOptions {
+    /// The Deployment scaled (and the object's name).
+    pub deployment: String,
+    /// The `TriggerAuthentication` every trigger uses.
+    pub authentication: String,
+    /// Backlog per replica the HPA aims at.
+    pub target: u32,
+    /// Fewest replicas (also the fallback's).
+    pub min_replicas: u32,
+    /// Most replicas.
+    pub max_replicas: u32,
+}
+
+/// The `ScaledObject` for `config`'s mounts, and for each mount left out,
+/// why.
+pub fn scaled_object(
+    config: &Config,
+    scaler: &Scaler,
+    options: &ScaleOptions,
+) -> (Value, Vec<String>) {
+    let mut triggers = Vec::new();
+    let mut left_out = Vec::new();
+    for (tenant, mount) in config.mounts() {
+        let here = format!("tenant `{}`, mount `{}`", tenant.name, mount.name);
+        if tenant.broker.is_some() {
+            left_out.push(format!(
+                "{here}: on the tenant's own broker, whose management API this object does not reach"
+            ));
+            continue;
+        }
+        let name = format!("q{}", triggers.len());
+        let trigger = match (scaler, queue_of(scaler, mount)) {
+            (_, Err(why)) => {
+                left_out.push(format!("{here}: {why}"));
+                continue;
+            }
+            (
+                Scaler::Artemis {
+                    management_endpoint,
+                    broker_name,
+                },
+                Ok((address, queue)),
+            ) => json!({
+                "type": "artemis-queue",
+                "name": name,
+                "metadata": {
+                    "managementEndpoint": management_endpoint,
+                    "brokerName": broker_name,
+                    "brokerAddress": address,
+                    "queueName": queue,
+                    "queueLength": options.target.to_string(),
+                },
+                "authenticationRef": { "name": options.authentication },
+            }),
+            (Scaler::RabbitMq, Ok((_, queue))) => json!({
+                "type": "rabbitmq",
+                "name": name,
+                "metadata": {
+                    "protocol": "http",
+                    "queueName": queue,
+                    "mode": "QueueLength",
+                    "value": options.target.to_string(),
+                    "excludeUnacknowledged": "true",
+                },
+                "authenticationRef": { "name": options.authentication },
+            }),
+        };
+        triggers.push(trigger);
+    }
+    let formula = (0..triggers.len())
+        .map(|n| format!("q{n}"))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let object = json!({
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": { "name": options.deployment },
+        "spec": {
+            "scaleTargetRef": { "name": options.deployment },
+            "minReplicaCount": options.min_replicas,
+            "maxReplicaCount": options.max_replicas,
+            // The management API unreachable: hold at the minimum rather
+            // than scale on a guess.
+            "fallback": { "failureThreshold": 3, "replicas": options.min_replicas },
+            "advanced": {
+                "scalingModifiers": {
+                    "formula": formula,
+                    "target": options.target.to_string(),
+                    "metricType": "AverageValue",
+                },
+            },
+            "triggers": triggers,
+        },
+    });
+    (object, left_out)
+}
+
+/// The address and queue whose backlog a mount consumes, as the scaler
+/// names them.
+fn queue_of(scaler: &Scaler, mount: &Mount) -> Result<(String, String), String> {
+    if mount.subscription.is_some() || mount.node == Some(Node::Topic) {
+        return Err("a topic mount: its subscription queue is the broker's to name".to_owned());
+    }
+    let address = mount.address.as_str();
+    match scaler {
+        Scaler::Artemis { .. } => {
+            let address = address.strip_prefix("queue://").unwrap_or(address);
+            Ok(match address.split_once("::") {
+                Some((address, queue)) => (address.to_owned(), queue.to_owned()),
+                None => (address.to_owned(), address.to_owned()),
+            })
+        }
+        Scaler::RabbitMq => {
+            let queue = match address.strip_prefix('/') {
+                None => Some(address.to_owned()),
+                Some(path) => match path.split('/').collect::<Vec<_>>().as_slice() {
+                    ["queues", queue] => percent_decoded(queue),
+                    ["queue", queue] | ["amq", "queue", queue] => Some((*queue).to_owned()),
+                    _ => None,
+                },
+            };
+            queue
+                .filter(|queue| !queue.is_empty())
+                .map(|queue| (address.to_owned(), queue))
+                .ok_or_else(|| {
+                    format!("`{address}` is not a queue (an exchange's backlog is its queues')")
+                })
+        }
+    }
+}
+
+/// `segment` with its `%XX` escapes decoded, if they are valid UTF-8.
+fn percent_decoded(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = segment.get(at + 1..at + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
