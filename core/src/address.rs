@@ -179,7 +179,7 @@ fn rabbitmq(address: &str) -> Result<Vec<String>, AddressError> {
 
 /// `%XX` escapes decoded; `None` when one is malformed or the result is not
 /// UTF-8 (a broker may read such a name otherwise).
-fn decode_strictly(text: &str) -> Option<String> {
+pub fn decode_strictly(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

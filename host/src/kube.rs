@@ -5,6 +5,7 @@
 //! keys KEDA's scalers read and a fallback.
 
 use serde_json::{Value, json};
+use wharf_core::address::decode_strictly;
 use wharf_core::config::{Config, Mount, Node};
 
 /// Which scaler reads the backlog, and how it reaches the broker's
@@ -143,7 +144,7 @@ fn queue_of(scaler: &Scaler, mount: &Mount) -> Result<(String, String), String> 
             let queue = match address.strip_prefix('/') {
                 None => Some(address.to_owned()),
                 Some(path) => match path.split('/').collect::<Vec<_>>().as_slice() {
-                    ["queues", queue] => percent_decoded(queue),
+                    ["queues", queue] => decode_strictly(queue),
                     ["queue", queue] | ["amq", "queue", queue] => Some((*queue).to_owned()),
                     _ => None,
                 },
@@ -156,22 +157,4 @@ fn queue_of(scaler: &Scaler, mount: &Mount) -> Result<(String, String), String> 
                 })
         }
     }
-}
-
-/// `segment` with its `%XX` escapes decoded, if they are valid UTF-8.
-fn percent_decoded(segment: &str) -> Option<String> {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'%' {
-            let hex = segment.get(at + 1..at + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            at += 3;
-        } else {
-            out.push(bytes[at]);
-            at += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
