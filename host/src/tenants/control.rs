@@ -71,7 +71,7 @@ pub(super) struct Control {
     /// A module file the last config reload named that did not exist yet:
     /// its arrival tries that reload again (a config and its
     /// modules may come from volumes updated apart).
-    awaited: Vec<PathBuf>,
+    awaited: Option<PathBuf>,
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
     telemetry: Telemetry,
@@ -127,7 +127,7 @@ impl Control {
             tenants: HashMap::new(),
             mounts: BTreeMap::new(),
             watcher: FileWatcher::new(),
-            awaited: Vec::new(),
+            awaited: None,
             events,
             metrics,
             telemetry,
@@ -160,7 +160,7 @@ impl Control {
                 },
                 path = self.watcher.changed() => {
                     let config_file = self.config.files.iter().any(|f| canonical(f).as_ref() == Some(&path));
-                    if config_file || self.awaited.contains(&path) {
+                    if config_file || self.awaited.as_ref() == Some(&path) {
                         self.reload().await;
                     } else {
                         self.reload_module(path).await;
@@ -384,15 +384,15 @@ impl Control {
     }
 
     /// Reads the config file again and applies what changed. A config
-    /// naming module files that are not there yet is tried again when they
-    /// arrive.
+    /// naming a module file that is not there yet is tried again when it
+    /// arrives.
     async fn reload(&mut self) -> ConfigChange {
-        self.awaited.clear();
+        self.awaited = None;
         let change = match Config::load(&self.config.path) {
             Ok(config) => self.apply(config).await,
             Err(e) => {
                 if let ConfigError::ModuleMissing { module, .. } = &e {
-                    self.awaited.extend(canonical(module));
+                    self.awaited = canonical(module);
                 }
                 ConfigChange {
                     error: Some(e.to_string()),
@@ -403,7 +403,7 @@ impl Control {
         self.watch_files();
         self.metrics.config_reloaded(change.error.is_none());
         match &change.error {
-            Some(error) if !self.awaited.is_empty() => tracing::error!(
+            Some(error) if self.awaited.is_some() => tracing::error!(
                 "config reload failed, tried again when the module arrives: {error}"
             ),
             Some(error) => tracing::error!("config reload failed: {error}"),
@@ -544,7 +544,7 @@ impl Control {
     fn watch_files(&mut self) {
         let files = (self.config.files.iter().map(PathBuf::as_path))
             .chain(self.mounts.values().map(|m| m.spec.config.module.as_path()))
-            .chain(self.awaited.iter().map(PathBuf::as_path));
+            .chain(self.awaited.as_deref());
         self.watcher.watch(files);
     }
 }
