@@ -17,11 +17,17 @@ use crate::{repo_root, unique};
 /// Every document of a YAML file, as JSON values.
 fn documents(path: &Path) -> anyhow::Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    serde_norway::Deserializer::from_str(&text)
+    yaml_documents(&text)
+}
+
+/// Every document of a YAML stream, as JSON values (empty ones left out).
+fn yaml_documents(text: &str) -> anyhow::Result<Vec<Value>> {
+    serde_norway::Deserializer::from_str(text)
         .map(|document| {
             let value: serde_norway::Value = serde::Deserialize::deserialize(document)?;
             Ok(serde_json::to_value(value)?)
         })
+        .filter(|d| !matches!(d, Ok(Value::Null)))
         .collect()
 }
 
@@ -162,14 +168,7 @@ fn helm_documents(values: &[&str]) -> anyhow::Result<Vec<Value>> {
         "helm template: {}",
         String::from_utf8_lossy(&rendered.stderr)
     );
-    let text = String::from_utf8(rendered.stdout)?;
-    serde_norway::Deserializer::from_str(&text)
-        .map(|document| {
-            let value: serde_norway::Value = serde::Deserialize::deserialize(document)?;
-            Ok(serde_json::to_value(value)?)
-        })
-        .filter(|d| !matches!(d, Ok(Value::Null)))
-        .collect()
+    yaml_documents(&String::from_utf8(rendered.stdout)?)
 }
 
 #[test]

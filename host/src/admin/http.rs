@@ -26,7 +26,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::broker::BrokerPool;
+use crate::broker::{BrokerPool, PoolStatus};
 use crate::events::LinkState as State;
 use crate::sync::Locked;
 use wharf_core::config::Secret;
@@ -123,11 +123,20 @@ impl Health {
     /// broker its mounts use), with each broker's connections and the
     /// mounts not attached, as JSON.
     fn readiness(&self) -> (bool, String) {
-        let brokers: Option<Vec<serde_json::Value>> = self.brokers.locked().as_ref().map(|pools| {
-            pools
-                .iter()
-                .map(|(name, pool)| {
-                    let status = pool.status();
+        let statuses: Option<Vec<(String, PoolStatus)>> =
+            self.brokers.locked().as_ref().map(|pools| {
+                pools
+                    .iter()
+                    .map(|(name, pool)| (name.clone(), pool.status()))
+                    .collect()
+            });
+        let connected = statuses
+            .as_ref()
+            .is_some_and(|statuses| statuses.iter().all(|(_, status)| status.connections > 0));
+        let brokers: Option<Vec<serde_json::Value>> = statuses.map(|statuses| {
+            statuses
+                .into_iter()
+                .map(|(name, status)| {
                     serde_json::json!({
                         "broker": name,
                         "connections": status.connections,
@@ -135,11 +144,6 @@ impl Health {
                     })
                 })
                 .collect()
-        });
-        let connected = brokers.as_ref().is_some_and(|brokers| {
-            brokers
-                .iter()
-                .all(|b| b["connections"].as_u64().is_some_and(|n| n > 0))
         });
         let mounts = self.mounts.locked();
         let not_attached: Vec<serde_json::Value> = mounts

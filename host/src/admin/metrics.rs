@@ -44,7 +44,7 @@ struct VersionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
+struct HostResultLabels {
     result: &'static str,
 }
 
@@ -68,7 +68,7 @@ pub struct Metrics {
     outputs_published: Family<ResultLabels, Counter>,
     dead_letters: Family<MountLabels, Counter>,
     module_reloads: Family<ResultLabels, Counter>,
-    config_reloads: Family<OutcomeLabels, Counter>,
+    config_reloads: Family<HostResultLabels, Counter>,
     output_dropped: Family<MountLabels, Counter>,
     mounts_running: Gauge,
     links_up: Family<MountLabels, Gauge>,
@@ -95,7 +95,7 @@ impl Metrics {
     /// Registers every metric, all at zero.
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registering {
-            registry: Registry::with_prefix("wharf"),
+            registry: Registry::with_prefix(PREFIX),
             series: Vec::new(),
         };
         let deliveries = registered(
@@ -267,7 +267,7 @@ impl Metrics {
     pub fn config_reloaded(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads
-            .get_or_create(&OutcomeLabels { result })
+            .get_or_create(&HostResultLabels { result })
             .inc();
     }
 
@@ -321,7 +321,9 @@ impl Metrics {
     }
 }
 
-/// A new metric, registered.
+/// What every metric's name starts with.
+const PREFIX: &str = "wharf";
+
 /// A registry being filled, with the series names of what it holds.
 struct Registering {
     registry: Registry,
@@ -339,11 +341,12 @@ impl Registering {
         self.series.extend(
             suffixes
                 .iter()
-                .map(|suffix| format!("wharf_{name}{suffix}")),
+                .map(|suffix| format!("{PREFIX}_{name}{suffix}")),
         );
     }
 }
 
+/// A new metric, registered.
 fn registered<M: Metric + TypedMetric + Clone + Default>(
     registry: &mut Registering,
     name: &str,

@@ -3,7 +3,7 @@
 //! waits on a broker without also listening for the stop, so SIGTERM is
 //! acted on in every state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -182,12 +182,12 @@ impl Control {
         if self.mounts.values().any(|m| m.placement.broker.is_none()) {
             in_use.push(("default".to_owned(), self.default_pool.clone()));
         }
+        let with_mounts: HashSet<&str> = self.mounts.keys().map(|(t, _)| t.as_str()).collect();
         for (name, state) in &self.tenants {
             if state.placement.broker.is_some() {
                 let status = state.pool.status();
                 self.metrics.broker(name, status.connections, status.lost);
-                let used = self.mounts.keys().any(|(tenant, _)| tenant == name);
-                if used {
+                if with_mounts.contains(name.as_str()) {
                     in_use.push((name.clone(), state.pool.clone()));
                 }
             }
@@ -459,7 +459,6 @@ impl Control {
         .await;
         warn_if_pool_short(&config);
         self.config = config;
-        self.watch_files();
         change
     }
 
