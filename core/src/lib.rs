@@ -9,6 +9,7 @@
 //! - [`endpoint`], [`tls`]: where a broker is and how to trust it;
 //! - [`retry_key`]: the key copies' retry counts are sealed with;
 //! - [`backoff`]: waits between attempts;
+//! - [`oci`]: modules named by their place in an OCI registry;
 //! - [`words`]: AMQP conditions and outcomes as a person reads them.
 
 pub mod address;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod endpoint;
 pub mod grants;
 pub mod message;
+pub mod oci;
 pub mod retry_key;
 pub mod sampler;
 pub mod settlement;

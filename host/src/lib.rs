@@ -12,7 +12,8 @@
 //! - [`admin`]: metrics and health over HTTP;
 //! - [`authoring`]: tools for handler authors (`wharf new`, `invoke`,
 //!   `componentize`);
-//! - [`kube`]: KEDA objects made from the config.
+//! - [`kube`]: KEDA objects made from the config;
+//! - [`registry`]: modules pulled from and pushed to OCI registries.
 
 pub mod admin;
 pub mod authoring;
@@ -20,6 +21,7 @@ pub mod broker;
 pub mod events;
 pub mod kube;
 pub mod logging;
+pub mod registry;
 pub mod sandbox;
 mod sync;
 pub mod telemetry;

@@ -14,10 +14,12 @@ mod check;
 use wharf::Host;
 use wharf::authoring::{self, ComponentizeOptions, InvokeInput, Language};
 use wharf::broker::{ConnectOptions, SendOptions};
-use wharf_core::config::{Broker, Config, SaslMechanism};
+use wharf::registry::Registry;
+use wharf_core::config::{Broker, Config, RegistrySettings, SaslMechanism};
 use wharf_core::endpoint::Endpoint;
 use wharf_core::grants::ReplyGrant;
 use wharf_core::grants::{AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits};
+use wharf_core::oci::ModuleReference;
 
 #[derive(Parser)]
 #[command(
@@ -166,6 +168,22 @@ enum Command {
         #[command(subcommand)]
         object: KubeObject,
     },
+    /// Push a handler component to an OCI registry, for mounts whose
+    /// `module` is `oci://…`: `wharf push handler.wasm
+    /// oci://registry.example/team/orders:v1`. Prints the reference by
+    /// digest.
+    Push {
+        /// The component.
+        module: PathBuf,
+        /// Where: `oci://REGISTRY/REPOSITORY:TAG`.
+        reference: String,
+        /// A Docker `config.json` with the registry's credentials.
+        #[arg(long)]
+        credentials: Option<PathBuf>,
+        /// Speak plain HTTP to the registry (a local one).
+        #[arg(long)]
+        plain_http: bool,
+    },
     /// Start a handler project: `wharf new --lang go my-handler`.
     New {
         /// The language: rust, js, python, go or c.
@@ -234,6 +252,35 @@ enum KedaBroker {
 }
 
 /// Prints the `ScaledObject`, and on stderr each mount left out and why.
+async fn push(
+    module: &std::path::Path,
+    reference: &str,
+    credentials: Option<PathBuf>,
+    plain_http: bool,
+) -> anyhow::Result<()> {
+    let reference = ModuleReference::parse(reference).map_err(anyhow::Error::msg)?;
+    let component =
+        std::fs::read(module).with_context(|| format!("cannot read `{}`", module.display()))?;
+    let settings = RegistrySettings {
+        credentials,
+        plain_http: if plain_http {
+            vec![reference.registry.clone()]
+        } else {
+            Vec::new()
+        },
+        ..RegistrySettings::default()
+    };
+    let digest = Registry::new(&settings)
+        .push(component, &reference)
+        .await
+        .with_context(|| format!("cannot push `{}` to {reference}", module.display()))?;
+    println!(
+        "{reference} is oci://{}/{}@{digest}",
+        reference.registry, reference.repository
+    );
+    Ok(())
+}
+
 fn scaled_object(object: KubeObject) -> anyhow::Result<()> {
     let KubeObject::Scaledobject {
         config,
@@ -332,6 +379,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             connect,
         } => check::check(&config, verbose, connect).await,
         Command::Kube { object } => scaled_object(object),
+        Command::Push {
+            module,
+            reference,
+            credentials,
+            plain_http,
+        } => push(&module, &reference, credentials, plain_http).await,
         Command::Unsubscribe {
             config,
             tenant,

@@ -13,6 +13,7 @@ mod http;
 mod kubernetes;
 mod languages;
 mod limits;
+mod oci;
 mod outbox;
 mod poison;
 mod rabbitmq;

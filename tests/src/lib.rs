@@ -17,6 +17,7 @@ pub mod neighbour;
 pub mod process;
 pub mod proxy;
 pub mod rabbitmq4;
+pub mod registry;
 pub mod sandbox;
 pub mod scenarios;
 pub mod tls_broker;

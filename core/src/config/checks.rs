@@ -4,6 +4,7 @@
 use super::raw::*;
 use super::*;
 use crate::endpoint::Endpoint;
+use crate::oci::ModuleReference;
 
 /// A tenant's broker, its container id made unique to the tenant when left
 /// at the default: brokers may refuse a second connection with the same id.
@@ -19,7 +20,14 @@ fn own_connection(mut broker: Broker, tenant: &str) -> Broker {
 pub(super) fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     let raw: RawConfig = from_toml(text, path)?;
     let base = path.parent().unwrap_or(Path::new("."));
-    let checker = Checker { path, text };
+    let mut host = raw.host;
+    host.module_cache = host.module_cache.map(|folder| base.join(folder));
+    host.registry.credentials = host.registry.credentials.map(|file| base.join(file));
+    let checker = Checker {
+        path,
+        text,
+        module_cache: host.module_cache.as_deref(),
+    };
     let broker = checker.broker("[broker]", raw.broker)?;
     let mut seen = Seen::default();
     let mut tenants = Vec::with_capacity(raw.tenants.len());
@@ -36,6 +44,7 @@ pub(super) fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let checker = Checker {
             path: &included,
             text: &text,
+            module_cache: host.module_cache.as_deref(),
         };
         let base = included.parent().unwrap_or(Path::new("."));
         for tenant in raw.tenants {
@@ -48,18 +57,16 @@ pub(super) fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     for mount in tenants.iter_mut().flat_map(|t| &mut t.mounts) {
         // Handlers reach the admin listener only through a grant naming it.
         mount.grants.http.admin = admin.as_ref().map(|admin| admin.listen);
-        mount.grants.http.allow_private_networks = raw.host.allow_private_networks;
+        mount.grants.http.allow_private_networks = host.allow_private_networks;
     }
     let retry_key = checker
         .secret(
             "[host]",
-            raw.host.retry_key_file.as_ref(),
-            raw.host.retry_key_env.as_ref(),
+            host.retry_key_file.as_ref(),
+            host.retry_key_env.as_ref(),
             "retry_key",
         )?
         .map(|secret| RetryKey::new(secret.expose().as_bytes()));
-    let mut host = raw.host;
-    host.module_cache = host.module_cache.map(|folder| base.join(folder));
     Ok(Config {
         path: path.to_owned(),
         files,
@@ -327,6 +334,8 @@ impl Checker<'_> {
 struct Checker<'a> {
     path: &'a Path,
     text: &'a str,
+    /// Where modules pulled from registries are kept.
+    module_cache: Option<&'a Path>,
 }
 
 impl Checker<'_> {
@@ -590,6 +599,42 @@ impl Checker<'_> {
         }))
     }
 
+    /// Where a mount's module is read from, and the registry it is pulled
+    /// from when it is named `oci://…`.
+    fn module(
+        &self,
+        here: &str,
+        base: &Path,
+        named: &Spanned<PathBuf>,
+    ) -> Result<(PathBuf, Option<ModuleReference>), ConfigError> {
+        if let Some(text) = named.get_ref().to_str()
+            && text.starts_with(crate::oci::SCHEME)
+        {
+            let reference = ModuleReference::parse(text)
+                .map_err(|why| self.invalid(named, format!("{here}: `module` {why}")))?;
+            let Some(cache) = self.module_cache else {
+                return Err(self.invalid(
+                    named,
+                    format!("{here}: a module pulled from a registry needs `[host] module_cache`, the folder where it is kept"),
+                ));
+            };
+            return Ok((
+                cache.join("oci").join(reference.file_name()),
+                Some(reference),
+            ));
+        }
+        let module = base.join(named.get_ref());
+        if !module.is_file() {
+            return Err(ConfigError::ModuleMissing {
+                path: self.path.to_owned(),
+                line: self.line(named),
+                here: here.to_owned(),
+                module,
+            });
+        }
+        Ok((module, None))
+    }
+
     fn mount(
         &self,
         here: &str,
@@ -597,15 +642,7 @@ impl Checker<'_> {
         base: &Path,
         raw: RawMount,
     ) -> Result<Mount, ConfigError> {
-        let module = base.join(raw.module.get_ref());
-        if !module.is_file() {
-            return Err(ConfigError::ModuleMissing {
-                path: self.path.to_owned(),
-                line: self.line(&raw.module),
-                here: here.to_owned(),
-                module,
-            });
-        }
+        let (module, pulled_from) = self.module(here, base, &raw.module)?;
         if raw.address.get_ref().is_empty() {
             return Err(self.invalid(&raw.address, format!("{here}: `address` is empty")));
         }
@@ -667,6 +704,7 @@ impl Checker<'_> {
         Ok(Mount {
             name: raw.name.into_inner(),
             module,
+            pulled_from,
             address: raw.address.into_inner(),
             node: raw.node,
             subscription,

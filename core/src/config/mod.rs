@@ -424,6 +424,64 @@ pub struct HostSettings {
     /// write there: what it holds is loaded as machine code.
     #[serde(default)]
     pub module_cache: Option<PathBuf>,
+    /// How modules named `oci://…` are pulled.
+    #[serde(default)]
+    pub registry: RegistrySettings,
+}
+
+/// `[host.registry]`: how modules named `oci://…` are pulled. They are
+/// kept under `module_cache`, so a restart with the registry away still
+/// starts with the last version pulled.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySettings {
+    /// A Docker `config.json` (a `kubernetes.io/dockerconfigjson` Secret's
+    /// key) with each registry's credentials, read at every pull so a
+    /// rotated Secret takes effect; registries not in it are pulled from
+    /// anonymously. Relative to the config file's folder.
+    #[serde(default)]
+    pub credentials: Option<PathBuf>,
+    /// How often tags are resolved again; a tag that moved reloads the
+    /// modules pulled from it.
+    #[serde(
+        default = "default_registry_poll",
+        deserialize_with = "units::duration"
+    )]
+    pub poll: Duration,
+    /// Registries (`host:port`) spoken to over plain HTTP instead of HTTPS.
+    #[serde(default)]
+    pub plain_http: Vec<String>,
+    /// The largest module pulled; a registry offering a larger one is
+    /// refused before its bytes are read.
+    #[serde(default = "default_max_module_size", deserialize_with = "units::size")]
+    pub max_module_size: u64,
+}
+
+impl RegistrySettings {
+    /// Default `poll`.
+    pub const DEFAULT_POLL: Duration = Duration::from_secs(60);
+    /// Default `max_module_size`: Python and JavaScript components are
+    /// tens of MiB.
+    pub const DEFAULT_MAX_MODULE_SIZE: u64 = 128 << 20;
+}
+
+impl Default for RegistrySettings {
+    fn default() -> Self {
+        RegistrySettings {
+            credentials: None,
+            poll: RegistrySettings::DEFAULT_POLL,
+            plain_http: Vec::new(),
+            max_module_size: RegistrySettings::DEFAULT_MAX_MODULE_SIZE,
+        }
+    }
+}
+
+fn default_registry_poll() -> Duration {
+    RegistrySettings::DEFAULT_POLL
+}
+
+fn default_max_module_size() -> u64 {
+    RegistrySettings::DEFAULT_MAX_MODULE_SIZE
 }
 
 impl HostSettings {
@@ -445,6 +503,7 @@ impl Default for HostSettings {
             retry_key_env: None,
             allow_private_networks: false,
             module_cache: None,
+            registry: RegistrySettings::default(),
         }
     }
 }
@@ -530,8 +589,13 @@ impl Default for TenantBudget {
 pub struct Mount {
     /// Unique within its tenant.
     pub name: String,
-    /// The handler component, resolved against the config file's folder.
+    /// The handler component, resolved against the config file's folder;
+    /// for a module pulled from a registry, the file under `module_cache`
+    /// where the version pulled is kept.
     pub module: PathBuf,
+    /// Where the module is pulled from, when the config names it
+    /// `oci://…`.
+    pub pulled_from: Option<crate::oci::ModuleReference>,
     /// The broker node the receiver attaches to and copies are published to.
     pub address: String,
     /// Whether to ask the broker for a queue or a topic at `address`; `None`

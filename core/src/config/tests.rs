@@ -116,6 +116,50 @@ fn missing_module_names_tenant_mount_and_path() {
 }
 
 #[test]
+fn modules_from_registries_are_kept_under_the_module_cache() {
+    let oci = GOOD.replace("handlers/orders.wasm", "oci://ghcr.io/acme/orders:v1");
+    let e = error(&oci);
+    assert!(e.contains("line 10"), "{e}");
+    assert!(e.contains("needs `[host] module_cache`"), "{e}");
+
+    let cached = oci.replace(
+        "[[tenant]]",
+        "[host]\nmodule_cache = \"cache\"\n[host.registry]\ncredentials = \"pull.json\"\npoll = \"5m\"\nplain_http = [\"127.0.0.1:5000\"]\n[[tenant]]",
+    );
+    let config = parse(&cached).expect("parses");
+    let mount = &config.tenants[0].mounts[0];
+    let reference = mount.pulled_from.as_ref().expect("pulled");
+    assert_eq!(reference.to_string(), "oci://ghcr.io/acme/orders:v1");
+    assert!(
+        mount.module.starts_with(
+            config
+                .host
+                .module_cache
+                .as_ref()
+                .expect("valid")
+                .join("oci")
+        )
+    );
+    let registry = &config.host.registry;
+    assert_eq!(registry.poll, Duration::from_secs(300));
+    assert!(
+        registry
+            .credentials
+            .as_ref()
+            .expect("valid")
+            .ends_with("pull.json")
+    );
+    assert!(registry.credentials.as_ref().expect("valid").is_absolute());
+    assert_eq!(registry.plain_http, ["127.0.0.1:5000"]);
+
+    let e = error(&cached.replace("acme/orders:v1", "Acme/orders:v1"));
+    assert!(
+        e.contains("line 16") && e.contains("repository `Acme/orders`"),
+        "{e}"
+    );
+}
+
+#[test]
 fn duplicate_tenant_is_refused() {
     let text = format!("{GOOD}\n[[tenant]]\nname = \"acme\"\n");
     let e = error(&text);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -20,12 +20,14 @@ use super::{load_modules, warn_if_pool_short};
 use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions};
 use crate::events::{ConfigChange, Event};
+use crate::registry::{self, Registry};
 use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
 use crate::telemetry::Telemetry;
 use wharf_core::config::{
     Broker, Config, ConfigError, Mount, Node, SaslMechanism, SubscriptionKind, Tenant,
 };
 use wharf_core::endpoint::Endpoint;
+use wharf_core::oci::ModuleReference;
 
 /// What the [`super::RunningHost`] asks of the control task.
 pub(super) enum Command {
@@ -59,6 +61,10 @@ struct TenantState {
 pub(super) struct Control {
     config: Config,
     sandbox: Sandbox,
+    registry: Registry,
+    /// The modules pulled from registries under the config in force, for
+    /// the task that polls their tags.
+    pulled: watch::Sender<HashMap<ModuleReference, PathBuf>>,
     slots: InstanceSlots,
     /// What each tenant owns, for every instance's reply checks.
     owners: Owners,
@@ -110,6 +116,7 @@ impl Control {
         config: Config,
         modules: Vec<Module>,
         sandbox: Sandbox,
+        registry: Registry,
         slots: InstanceSlots,
         events: broadcast::Sender<Event>,
         metrics: Arc<Metrics>,
@@ -117,7 +124,15 @@ impl Control {
         health: Arc<Health>,
         stopping: CancellationToken,
     ) -> Control {
+        let (pulled, modules_pulled) = watch::channel(registry::pulled_modules(&config));
+        tokio::spawn(registry::poll_tags(
+            registry.clone(),
+            modules_pulled,
+            stopping.clone(),
+        ));
         let mut control = Control {
+            registry,
+            pulled,
             default_pool: pool(&config.broker),
             config: config.clone(),
             owners: config.address_owners().into(),
@@ -419,6 +434,12 @@ impl Control {
     }
 
     async fn apply(&mut self, config: Config) -> ConfigChange {
+        if let Err(errors) = super::pull_modules(&self.registry, &config).await {
+            return ConfigChange {
+                error: Some(super::join_lines(&errors)),
+                ..ConfigChange::default()
+            };
+        }
         let modules = match self.compile(&config).await {
             Ok(modules) => modules,
             Err(error) => {
@@ -458,6 +479,7 @@ impl Control {
         )
         .await;
         warn_if_pool_short(&config);
+        self.pulled.send_replace(registry::pulled_modules(&config));
         self.config = config;
         change
     }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AdminServer, Health, Metrics};
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
+use crate::registry::{self, Registry};
 use crate::sandbox::{
     CallLimits, Instances, LoadError, LogTags, Module, Owners, Sandbox, TenantShare,
 };
@@ -77,6 +78,7 @@ pub struct Host {
     config: Config,
     modules: Vec<Module>,
     sandbox: Sandbox,
+    registry: Registry,
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -109,6 +111,10 @@ impl Host {
             config.host.module_cache.as_deref(),
         )
         .map_err(|e| HostError::Engine(wharf_core::words::chain(e.chain())))?;
+        let registry = Registry::new(&config.host.registry);
+        pull_modules(&registry, &config)
+            .await
+            .map_err(HostError::Modules)?;
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
         probe_modules(&sandbox, &config, &modules)
             .await
@@ -118,6 +124,7 @@ impl Host {
             config,
             modules,
             sandbox,
+            registry,
             events,
             metrics,
             health,
@@ -146,6 +153,7 @@ impl Host {
             self.config,
             self.modules,
             self.sandbox,
+            self.registry,
             slots,
             self.events,
             self.metrics,
@@ -256,6 +264,32 @@ async fn probe_modules(
     } else {
         Err(errors)
     }
+}
+
+/// Pulls the modules the config names from registries; one that cannot
+/// be pulled fails every mount using it.
+async fn pull_modules(
+    registry: &Registry,
+    config: &Config,
+) -> Result<(), Vec<MountError<LoadError>>> {
+    let Err(failed) = registry::pull_all(registry, config).await else {
+        return Ok(());
+    };
+    Err(config
+        .mounts()
+        .filter_map(|(tenant, mount)| {
+            let reference = mount.pulled_from.as_ref()?;
+            let (_, error) = failed.iter().find(|(r, _)| r == reference)?;
+            Some(MountError {
+                tenant: tenant.name.clone(),
+                mount: mount.name.clone(),
+                source: LoadError {
+                    path: reference.to_string().into(),
+                    reason: error.to_string(),
+                },
+            })
+        })
+        .collect())
 }
 
 /// Compiles every mount's module, or says which ones cannot be used.

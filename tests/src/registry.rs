@@ -1,0 +1,106 @@
+//! A real OCI registry for the tests: the CNCF Distribution registry
+//! (built by `scripts/registry`), on a port of its own, in memory, gone
+//! when dropped. Modules are pushed with the `wharf push`
+//! command itself.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::process::{Child, Command};
+
+use crate::process::wharf_binary;
+use crate::{DEADLINE, repo_root, unique};
+
+/// A registry serving plain HTTP on 127.0.0.1.
+pub struct OciRegistry {
+    /// `127.0.0.1:PORT`.
+    pub address: String,
+    _server: Child,
+}
+
+impl OciRegistry {
+    /// Starts a registry and waits until it answers.
+    pub async fn start() -> anyhow::Result<OciRegistry> {
+        let binary = std::process::Command::new(repo_root().join("scripts/registry")).output()?;
+        anyhow::ensure!(
+            binary.status.success(),
+            "scripts/registry: {}",
+            String::from_utf8_lossy(&binary.stderr)
+        );
+        let binary = String::from_utf8(binary.stdout)?.trim().to_owned();
+        let port = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await?
+            .local_addr()?
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let config = std::env::temp_dir().join(format!("{}.yml", unique("wharf-registry")));
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  inmemory: {{}}\nhttp:\n  addr: {address}\n"
+            ),
+        )?;
+        let server = Command::new(&binary)
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("{binary} did not start"))?;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while answers_http(&address).await.is_err() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the registry on {address} did not answer"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(OciRegistry {
+            address,
+            _server: server,
+        })
+    }
+
+    /// `oci://ADDRESS/repository:tag`.
+    pub fn reference(&self, repository_and_tag: &str) -> String {
+        format!("oci://{}/{repository_and_tag}", self.address)
+    }
+
+    /// Pushes `module` as `reference` with `wharf push`, and returns the
+    /// reference by digest it prints.
+    pub async fn push(&self, module: &Path, reference: &str) -> anyhow::Result<String> {
+        let output = Command::new(wharf_binary())
+            .arg("push")
+            .arg("--plain-http")
+            .arg(module)
+            .arg(reference)
+            .output()
+            .await?;
+        anyhow::ensure!(
+            output.status.success(),
+            "wharf push {reference}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let printed = String::from_utf8(output.stdout)?;
+        printed
+            .split_whitespace()
+            .last()
+            .map(str::to_owned)
+            .with_context(|| format!("wharf push printed nothing: {printed:?}"))
+    }
+}
+
+/// Whether `GET /v2/` answers at `address` (any HTTP status).
+async fn answers_http(address: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(format!("GET /v2/ HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = [0u8; 12];
+    stream.read_exact(&mut answer).await?;
+    anyhow::ensure!(answer.starts_with(b"HTTP/1."), "not HTTP");
+    Ok(())
+}
