@@ -12,8 +12,10 @@ use wharf_core::config::{Config, Mount, Node};
 /// management API.
 #[derive(Debug, Clone)]
 pub enum Scaler {
-    /// KEDA's `artemis-queue` over Jolokia, with its own default request
-    /// (it reads `MessageCount`: scheduled copies count as backlog).
+    /// KEDA's `artemis-queue` over Jolokia: per queue, its default request
+    /// (`MessageCount`) less a second reading `ScheduledCount`, so delayed
+    /// copies are not backlog. Jolokia must allow the request's Origin,
+    /// `http://` and the management endpoint.
     Artemis {
         /// `host:port` of the web console.
         management_endpoint: String,
@@ -49,6 +51,8 @@ pub fn scaled_object(
     options: &ScaleOptions,
 ) -> (Value, Vec<String>) {
     let mut triggers = Vec::new();
+    // What each queue adds to the formula.
+    let mut terms = Vec::new();
     let mut left_out = Vec::new();
     for (tenant, mount) in config.mounts() {
         let here = format!("tenant `{}`, mount `{}`", tenant.name, mount.name);
@@ -58,49 +62,64 @@ pub fn scaled_object(
             ));
             continue;
         }
-        let name = format!("q{}", triggers.len());
-        let trigger = match (scaler, queue_of(scaler, mount)) {
-            (_, Err(why)) => {
-                left_out.push(format!("{here}: {why}"));
-                continue;
-            }
+        let name = format!("q{}", terms.len());
+        match (scaler, queue_of(scaler, mount)) {
+            (_, Err(why)) => left_out.push(format!("{here}: {why}")),
             (
                 Scaler::Artemis {
                     management_endpoint,
                     broker_name,
                 },
                 Ok((address, queue)),
-            ) => json!({
-                "type": "artemis-queue",
-                "name": name,
-                "metadata": {
-                    "managementEndpoint": management_endpoint,
-                    "brokerName": broker_name,
-                    "brokerAddress": address,
-                    "queueName": queue,
-                    "queueLength": options.target.to_string(),
-                },
-                "authenticationRef": { "name": options.authentication },
-            }),
-            (Scaler::RabbitMq, Ok((_, queue))) => json!({
-                "type": "rabbitmq",
-                "name": name,
-                "metadata": {
-                    "protocol": "http",
-                    "queueName": queue,
-                    "mode": "QueueLength",
-                    "value": options.target.to_string(),
-                    "excludeUnacknowledged": "true",
-                },
-                "authenticationRef": { "name": options.authentication },
-            }),
-        };
-        triggers.push(trigger);
+            ) => {
+                let authentication = json!({ "name": options.authentication });
+                triggers.push(json!({
+                    "type": "artemis-queue",
+                    "name": name,
+                    "metadata": {
+                        "managementEndpoint": management_endpoint,
+                        "brokerName": broker_name,
+                        "brokerAddress": address,
+                        "queueName": queue,
+                        "queueLength": options.target.to_string(),
+                    },
+                    "authenticationRef": authentication,
+                }));
+                // MessageCount counts scheduled messages (wharf's delayed
+                // retry copies): a second trigger reads ScheduledCount,
+                // subtracted in the formula.
+                let template = format!(
+                    "http://{management_endpoint}/console/jolokia/read/org.apache.activemq.artemis:broker=\"{broker_name}\",component=addresses,address=\"{address}\",subcomponent=queues,routing-type=\"anycast\",queue=\"{queue}\"/ScheduledCount"
+                );
+                triggers.push(json!({
+                    "type": "artemis-queue",
+                    "name": format!("{name}s"),
+                    "metadata": {
+                        "restApiTemplate": template,
+                        "queueLength": options.target.to_string(),
+                    },
+                    "authenticationRef": authentication,
+                }));
+                terms.push(format!("({name} - {name}s)"));
+            }
+            (Scaler::RabbitMq, Ok((_, queue))) => {
+                triggers.push(json!({
+                    "type": "rabbitmq",
+                    "name": name,
+                    "metadata": {
+                        "protocol": "http",
+                        "queueName": queue,
+                        "mode": "QueueLength",
+                        "value": options.target.to_string(),
+                        "excludeUnacknowledged": "true",
+                    },
+                    "authenticationRef": { "name": options.authentication },
+                }));
+                terms.push(name);
+            }
+        }
     }
-    let formula = (0..triggers.len())
-        .map(|n| format!("q{n}"))
-        .collect::<Vec<_>>()
-        .join(" + ");
+    let formula = terms.join(" + ");
     let object = json!({
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -135,10 +154,23 @@ fn queue_of(scaler: &Scaler, mount: &Mount) -> Result<(String, String), String> 
     match scaler {
         Scaler::Artemis { .. } => {
             let address = address.strip_prefix("queue://").unwrap_or(address);
-            Ok(match address.split_once("::") {
-                Some((address, queue)) => (address.to_owned(), queue.to_owned()),
-                None => (address.to_owned(), address.to_owned()),
-            })
+            let (address, queue) = address.split_once("::").unwrap_or((address, address));
+            // KEDA finds the names in its request by splitting on `:`, `,`,
+            // `=` and `&`, and Jolokia reads `!`, `/` and `"` in them as
+            // escapes: only plain names survive both.
+            let plain = |name: &str| {
+                !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            };
+            if plain(address) && plain(queue) {
+                Ok((address.to_owned(), queue.to_owned()))
+            } else {
+                Err(format!(
+                    "`{address}::{queue}` has characters KEDA's Jolokia request cannot carry (only letters, digits, `.`, `_` and `-`)"
+                ))
+            }
         }
         Scaler::RabbitMq => {
             let queue = match address.strip_prefix('/') {

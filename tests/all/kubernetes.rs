@@ -371,9 +371,7 @@ fn check_pod(documents: &[Value], replicas: bool) -> anyhow::Result<()> {
                     "KEDA's {kind} scaler ignores `{key}` (it reads {read:?})"
                 );
             }
-            let queue = trigger["metadata"]["queueName"]
-                .as_str()
-                .context("queueName")?;
+            let queue = trigger_queue(&trigger["metadata"])?;
             assert!(
                 config.mounts().any(|(_, m)| m.address == queue),
                 "a ScaledObject scales on `{queue}`, which no mount consumes"
@@ -381,6 +379,21 @@ fn check_pod(documents: &[Value], replicas: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The queue a trigger reads: `queueName`, or the `queue` its
+/// `restApiTemplate` names.
+fn trigger_queue(metadata: &Value) -> anyhow::Result<String> {
+    if let Some(queue) = metadata["queueName"].as_str() {
+        return Ok(queue.to_owned());
+    }
+    let template = metadata["restApiTemplate"].as_str().context("queueName")?;
+    template
+        .split(',')
+        .find_map(|pair| pair.strip_prefix("queue=\""))
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .with_context(|| format!("no queue in {template}"))
 }
 
 /// The ServiceMonitor finds the admin Service and carries the token from
@@ -547,6 +560,194 @@ async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> a
     host.stop().await?;
     client.close().await;
     wharf_tests::rabbitmq4::delete(&queue).await?;
+    Ok(())
+}
+
+/// The Artemis instance with its web console (`scripts/brokers`).
+const CONSOLE_AMQP: &str = "amqp://admin:admin@127.0.0.1:5700";
+const CONSOLE_WEB: &str = "127.0.0.1:8171";
+
+/// The request KEDA 2.18's `artemis-queue` scaler makes for a trigger:
+/// its URL as Go sends it, and its Origin. With a `restApiTemplate`, the
+/// template is checked as `getAPIParameters` does (the names taken from
+/// the raw path between its first two colons, `,` read as `&`) and asked
+/// as written; without, the default template is filled in.
+fn artemis_request(metadata: &Value) -> anyhow::Result<(String, String)> {
+    const DEFAULT: &str = "http://<<managementEndpoint>>/console/jolokia/read/org.apache.activemq.artemis:broker=\"<<brokerName>>\",component=addresses,address=\"<<brokerAddress>>\",subcomponent=queues,routing-type=\"anycast\",queue=\"<<queueName>>\"/MessageCount";
+    let (url, endpoint) = match metadata["restApiTemplate"].as_str() {
+        Some(template) => {
+            let rest = template
+                .strip_prefix("http://")
+                .context("an http:// template")?;
+            let (host, path) = rest.split_once('/').context("a path")?;
+            // Go keeps a raw path only when it differs from the path's
+            // own escaping; KEDA indexes into it unchecked.
+            anyhow::ensure!(
+                go_escaped(path) != path,
+                "KEDA sees no raw path in {template}"
+            );
+            let names = path.split(':').nth(1).context("KEDA's split on `:`")?;
+            let names = names.split('/').next().unwrap_or_default();
+            for key in ["broker", "address", "queue"] {
+                let value = names
+                    .split(',')
+                    .find_map(|pair| pair.strip_prefix(&format!("{key}=")))
+                    .with_context(|| format!("KEDA finds no `{key}` in {template}"))?;
+                anyhow::ensure!(!value.is_empty(), "`{key}` is empty in {template}");
+            }
+            (template.to_owned(), host.to_owned())
+        }
+        None => {
+            let endpoint = text(metadata, "/managementEndpoint");
+            let url = DEFAULT
+                .replace("<<managementEndpoint>>", endpoint)
+                .replace("<<queueName>>", text(metadata, "/queueName"))
+                .replace("<<brokerName>>", text(metadata, "/brokerName"))
+                .replace("<<brokerAddress>>", text(metadata, "/brokerAddress"));
+            (url, endpoint.to_owned())
+        }
+    };
+    let origin = metadata["corsHeader"]
+        .as_str()
+        .map_or_else(|| format!("http://{endpoint}"), str::to_owned);
+    Ok((url, origin))
+}
+
+/// A URL path as Go's `net/url` escapes it for a request.
+fn go_escaped(path: &str) -> String {
+    path.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~$&+,/:;=@".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// What Jolokia answers KEDA's request: the `value` when `status` is 200.
+async fn jolokia_value(url: &str, origin: &str) -> anyhow::Result<i64> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let rest = url.strip_prefix("http://").context("http")?;
+    let (host, path) = rest.split_once('/').context("a path")?;
+    let mut stream = tokio::net::TcpStream::connect(host).await?;
+    // admin:admin, as the TriggerAuthentication gives them.
+    let head = format!(
+        "GET /{} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Basic YWRtaW46YWRtaW4=\r\nOrigin: {origin}\r\n\r\n",
+        go_escaped(path)
+    );
+    stream.write_all(head.as_bytes()).await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let (_, body) = answer.split_once("\r\n\r\n").context("an HTTP answer")?;
+    let body: Value = serde_json::from_str(body).with_context(|| format!("{url}: {answer}"))?;
+    anyhow::ensure!(body["status"] == 200, "{url}: {body}");
+    body["value"]
+        .as_i64()
+        .with_context(|| format!("{url}: {body}"))
+}
+
+/// The formula's value: a sum of trigger names or `(a - b)` terms.
+fn formula_value(formula: &str, values: &std::collections::HashMap<String, i64>) -> i64 {
+    formula
+        .split(" + ")
+        .map(|term| {
+            let term = term.trim_matches(|c| c == '(' || c == ')');
+            match term.split_once(" - ") {
+                Some((a, b)) => values[a] - values[b],
+                None => values[term],
+            }
+        })
+        .sum()
+}
+
+/// The object `wharf kube scaledobject --broker artemis` makes, each
+/// trigger's request formed as KEDA 2.18 forms it and asked of a real
+/// Jolokia (Artemis 2.40's web console, its access rules allowing the
+/// management endpoint's origin): the formula counts the backlog, and not
+/// the scheduled copies wharf leaves for its `retry_after` delays. An
+/// origin the rules do not allow is refused, as Artemis's default rules
+/// refuse `http://artemis:8161`.
+#[tokio::test]
+async fn the_artemis_triggers_count_the_backlog_and_not_the_scheduled_copies() -> anyhow::Result<()>
+{
+    let queue = unique("keda");
+    let mount = crate::MountToml::new("m", "fixture_script", &queue).with("concurrency = 16");
+    let host_config = crate::config_text(CONSOLE_AMQP, &[mount]);
+    let made = scaled_object(
+        &host_config,
+        &[
+            "--broker",
+            "artemis",
+            "--management-endpoint",
+            CONSOLE_WEB,
+            "--broker-name",
+            "127.0.0.1",
+        ],
+    )?;
+    let formula = text(&made, "/spec/advanced/scalingModifiers/formula").to_owned();
+    let triggers = made["spec"]["triggers"]
+        .as_array()
+        .context("triggers")?
+        .clone();
+    assert_eq!(triggers.len(), 2, "{made}");
+    let backlog = async || -> anyhow::Result<i64> {
+        let mut values = std::collections::HashMap::new();
+        for trigger in &triggers {
+            let (url, origin) = artemis_request(&trigger["metadata"])?;
+            values.insert(
+                text(trigger, "/name").to_owned(),
+                jolokia_value(&url, &origin).await?,
+            );
+        }
+        Ok(formula_value(&formula, &values))
+    };
+    let wait_for = async |expected: i64| -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + crate::DEADLINE;
+        loop {
+            match backlog().await {
+                Ok(found) if found == expected => return Ok(()),
+                found => anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "backlog of {queue}: {found:?}, expected {expected}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let mut client = crate::client::Client::connect(CONSOLE_AMQP).await?;
+    for n in 0..10 {
+        let id = format!("{queue}.{n}");
+        client
+            .publish(
+                &queue,
+                crate::client::TestMessage::new(&id, "x").script("1:after=600000"),
+            )
+            .await?;
+    }
+    wait_for(10).await?;
+    // wharf takes them all and leaves a copy of each, scheduled ten
+    // minutes on, on the same queue.
+    let mut host =
+        crate::TestHost::start_config(Config::parse(&host_config, &repo_root().join("test.toml"))?)
+            .await?;
+    for n in 0..10 {
+        host.handled(&format!("{queue}.{n}")).await?;
+    }
+    wait_for(0).await?;
+    let (url, _) = artemis_request(&triggers[0]["metadata"])?;
+    assert_eq!(
+        jolokia_value(&url, &format!("http://{CONSOLE_WEB}")).await?,
+        10,
+        "the copies are there"
+    );
+    let refused = jolokia_value(&url, "http://artemis:8161")
+        .await
+        .expect_err("refused");
+    assert!(refused.to_string().contains("403"), "{refused}");
+    host.stop().await?;
+    client.close().await;
     Ok(())
 }
 
