@@ -205,6 +205,31 @@ fn the_helm_chart_renders_what_the_base_checks_hold_for() -> anyhow::Result<()> 
     assert_eq!(rule["spec"], base[0]["spec"], "the chart's rules");
     let monitor = one(&scaled, "ServiceMonitor")?;
     check_service_monitor(monitor, one(&scaled, "Service")?)?;
+    // Registry credentials: the file the config names is the Secret's
+    // `kubectl create secret docker-registry` key, where it is mounted.
+    let pulling = helm_documents(&["registry.credentialsSecret=pull", "registry.poll=5m"])?;
+    check_pod(&pulling, true)?;
+    let toml = text(one(&pulling, "ConfigMap")?, "/data/wharf.toml");
+    let credentials = toml
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("credentials = \""))
+        .context("[host.registry] credentials")?
+        .trim_end_matches('"');
+    let pod = &one(&pulling, "Deployment")?["spec"]["template"]["spec"];
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "registry-credentials"))
+        .context("the credentials mounted")?;
+    assert_eq!(
+        Path::new(credentials),
+        Path::new(text(mount, "/mountPath")).join(".dockerconfigjson")
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "registry-credentials"))
+        .context("the credentials volume")?;
+    assert_eq!(volume["secret"]["secretName"], "pull");
+    assert!(toml.contains("poll = \"5m\""), "{toml}");
     Ok(())
 }
 
