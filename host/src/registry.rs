@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -26,6 +27,8 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt as _;
 use wharf_core::config::{Config, RegistrySettings};
 use wharf_core::oci::{ModuleReference, Version, check_digest};
+
+use crate::sync::Locked as _;
 
 /// The media type of a component layer.
 pub const LAYER_MEDIA_TYPE: &str = "application/wasm";
@@ -84,17 +87,36 @@ pub struct Pulled {
 #[derive(Clone)]
 pub struct Registry {
     settings: RegistrySettings,
-    client: Client,
+    /// A client per registry, with the credentials it was made with: the
+    /// OCI client keeps a registry's first credentials for good, so new
+    /// ones (a rotated Secret) get a new client.
+    clients: Arc<Mutex<HashMap<String, (RegistryAuth, Client)>>>,
 }
 
 impl Registry {
-    /// A client for `settings`.
+    /// A registry client for `settings`.
     pub fn new(settings: &RegistrySettings) -> Registry {
         // reqwest's TLS takes the process's provider; the AMQP side brings
         // its own, so this only matters here. Already set is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(settings.plain_http.clone()),
+        Registry {
+            settings: settings.clone(),
+            clients: Arc::default(),
+        }
+    }
+
+    /// The client for `registry`, with its credentials as the credentials
+    /// file gives them now.
+    fn client(&self, registry: &str) -> Result<(Client, RegistryAuth), RegistryError> {
+        let auth = self.auth(registry)?;
+        let mut clients = self.clients.locked();
+        if let Some((made_with, client)) = clients.get(registry)
+            && *made_with == auth
+        {
+            return Ok((client.clone(), auth));
+        }
+        let client = Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(self.settings.plain_http.clone()),
             // Modules are not multi-platform images: an index is refused.
             platform_resolver: None,
             // One PUT per blob: every registry takes it (chunked uploads
@@ -104,11 +126,22 @@ impl Registry {
             read_timeout: Some(Duration::from_secs(60)),
             user_agent: concat!("wharf/", env!("CARGO_PKG_VERSION")),
             ..ClientConfig::default()
-        };
-        Registry {
-            settings: settings.clone(),
-            client: Client::new(config),
-        }
+        });
+        clients.insert(registry.to_owned(), (auth.clone(), client.clone()));
+        Ok((client, auth))
+    }
+
+    /// The digest of the manifest a tag names now, as the registry says
+    /// (`HEAD`): enough to tell whether it moved, not to trust content.
+    pub async fn manifest_digest(
+        &self,
+        reference: &ModuleReference,
+    ) -> Result<String, RegistryError> {
+        let (client, auth) = self.client(&reference.registry)?;
+        client
+            .fetch_manifest_digest(&to_reference(reference), &auth)
+            .await
+            .map_err(|e| RegistryError::Unreachable(e.to_string()))
     }
 
     /// Makes `file` hold the module `reference` names now: resolves a tag,
@@ -123,9 +156,8 @@ impl Registry {
             |e: oci_client::errors::OciDistributionError| RegistryError::Unreachable(e.to_string());
         let refused = RegistryError::Refused;
         let target = to_reference(reference);
-        let auth = self.auth(&reference.registry)?;
-        let (manifest_bytes, _) = self
-            .client
+        let (client, auth) = self.client(&reference.registry)?;
+        let (manifest_bytes, _) = client
             .pull_manifest_raw(&target, &auth, &[OCI_IMAGE_MEDIA_TYPE])
             .await
             .map_err(unreachable)?;
@@ -146,8 +178,7 @@ impl Registry {
                 changed: false,
             });
         }
-        let mut stream = self
-            .client
+        let mut stream = client
             .pull_blob_stream(&target, layer.digest.as_str())
             .await
             .map_err(unreachable)?
@@ -208,15 +239,14 @@ impl Registry {
             |e: oci_client::errors::OciDistributionError| RegistryError::Unreachable(e.to_string());
         let config = wasm_config(&component).map_err(RegistryError::Refused)?;
         let target = to_reference(reference);
-        let auth = self.auth(&reference.registry)?;
+        let (client, auth) = self.client(&reference.registry)?;
         let layer = ImageLayer::new(component, LAYER_MEDIA_TYPE.to_owned(), None);
         let config = BlobConfig::new(config, CONFIG_MEDIA_TYPE.to_owned(), None);
-        self.client
+        client
             .push(&target, &[layer], config, &auth, None)
             .await
             .map_err(unreachable)?;
-        let (manifest, _) = self
-            .client
+        let (manifest, _) = client
             .pull_manifest_raw(&target, &auth, &[OCI_IMAGE_MEDIA_TYPE])
             .await
             .map_err(unreachable)?;
@@ -290,8 +320,9 @@ pub fn log_pulled(reference: &ModuleReference, pulled: &Pulled) {
 }
 
 /// Resolves the config's tags every `[host.registry] poll` until `stop`:
-/// a tag that moved replaces its file, which the host's watcher reloads
-/// like any changed module. `modules` follows the config in force.
+/// a tag whose manifest changed is pulled, which replaces its file, which
+/// the host's watcher reloads like any changed module. `modules` follows
+/// the config in force.
 pub async fn poll_tags(
     registry: Registry,
     mut modules: tokio::sync::watch::Receiver<HashMap<ModuleReference, PathBuf>>,
@@ -300,6 +331,8 @@ pub async fn poll_tags(
     let mut every = tokio::time::interval(registry.settings.poll);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     every.tick().await;
+    // The manifest each tag named when last looked at.
+    let mut seen: HashMap<ModuleReference, String> = HashMap::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -311,25 +344,46 @@ pub async fn poll_tags(
             .filter(|(reference, _)| reference.is_tag())
             .map(|(r, f)| (r.clone(), f.clone()))
             .collect();
+        seen.retain(|reference, _| tags.iter().any(|(r, _)| r == reference));
         for (reference, file) in tags {
-            let pulled = tokio::select! {
+            let checked = tokio::select! {
                 _ = stop.cancelled() => return,
-                pulled = registry.pull(&reference, &file) => pulled,
+                checked = check_tag(&registry, &reference, &file, seen.get(&reference)) => checked,
             };
-            match pulled {
-                Ok(pulled) if pulled.changed => tracing::info!(
-                    module = %reference,
-                    manifest = %pulled.manifest,
-                    digest = %pulled.digest,
-                    "module tag moved; reloading"
-                ),
-                Ok(_) => {}
+            match checked {
+                Ok(manifest) => {
+                    seen.insert(reference, manifest);
+                }
                 Err(error) => {
                     tracing::warn!(module = %reference, "module tag not checked: {error}")
                 }
             }
         }
     }
+}
+
+/// Asks where a tag points and, if not at `last`, pulls it; returns the
+/// manifest it names now.
+async fn check_tag(
+    registry: &Registry,
+    reference: &ModuleReference,
+    file: &Path,
+    last: Option<&String>,
+) -> Result<String, RegistryError> {
+    let now = registry.manifest_digest(reference).await?;
+    if last == Some(&now) {
+        return Ok(now);
+    }
+    let pulled = registry.pull(reference, file).await?;
+    if pulled.changed {
+        tracing::info!(
+            module = %reference,
+            manifest = %pulled.manifest,
+            digest = %pulled.digest,
+            "module tag moved; reloading"
+        );
+    }
+    Ok(pulled.manifest)
 }
 
 fn to_reference(reference: &ModuleReference) -> Reference {

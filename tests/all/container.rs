@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use serde_json::Value;
 
 use crate::client::{Client, input_of_output, message_id};
 use crate::tenants::http_get;
@@ -342,4 +343,262 @@ async fn three_containers_one_killed_one_stopped_mid_stream_lose_nothing() -> an
     outputs.close().await;
     client.close().await;
     Ok(())
+}
+
+/// The pod the Helm chart renders, run by `podman kube play` on the host
+/// network: its ConfigMap and Secret volumes, probes and module cache as
+/// the chart writes them. The ConfigMap volume is then rewritten as the
+/// kubelet swaps one: a config naming a module that arrives a second
+/// later (the modules' volume updated apart) reloads once it is there.
+///
+/// What podman 4.3 needs that Kubernetes does not: a Secret volume is read
+/// from a podman secret holding the Secret's YAML (whose `data` it writes
+/// out undecoded), its `optional` written out (podman dereferences it); no
+/// declared ports on the host network.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_charts_pod_runs_under_podman_kube_play_and_awaits_a_late_module() -> anyhow::Result<()>
+{
+    use base64::Engine as _;
+    let release = unique("kp").replace('.', "-");
+    let (q, late) = (unique("kube-play"), unique("kube-play-late"));
+    let out = format!("{q}.out");
+    let port = free_port()?;
+    let secret = format!("{release}-secrets");
+    let modules = format!("{release}-modules");
+    let tenants = |late_mount: bool| {
+        let mount = |name: &str, module: &str, queue: &str| {
+            format!(
+                "[[tenant.mount]]\nname = \"{name}\"\nmodule = \"/var/lib/wharf/modules/{module}\"\naddress = \"{queue}\"\n[tenant.mount.grants]\nsend = [\"{out}\"]\n"
+            )
+        };
+        let mut text = format!(
+            "[[tenant]]\nname = \"t\"\n{}",
+            mount("m", "script.wasm", &q)
+        );
+        if late_mount {
+            text += &mount("late", "late.wasm", &late);
+        }
+        text
+    };
+    let values = std::env::temp_dir().join(format!("{release}.yaml"));
+    std::fs::write(
+        &values,
+        serde_json::to_string(&serde_json::json!({
+            "image": {"repository": image().rsplit_once(':').map_or(image(), |(r, _)| r.to_owned()), "tag": "latest"},
+            "broker": {"url": "amqp://127.0.0.1:5672", "user": "admin"},
+            "admin": {"port": port},
+            "secretName": secret,
+            "modulesConfigMap": modules,
+            "tenants": tenants(false),
+        }))?,
+    )?;
+    let mut documents =
+        crate::kubernetes::helm_documents(&[&format!("--values={}", values.display())])?;
+    std::fs::remove_file(&values)?;
+    documents.retain(|d| ["ConfigMap", "Deployment"].contains(&d["kind"].as_str().unwrap_or("")));
+    let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    documents.push(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": modules},
+        "binaryData": {"script.wasm": encode(&std::fs::read(guest("fixture_script"))?)},
+    }));
+    // podman names a pod's volumes after them and keeps them: each is
+    // made this run's own, so no earlier run's content is served.
+    let mut volumes = Vec::new();
+    for document in &mut documents {
+        if document["kind"] == "ConfigMap" && document["metadata"]["name"] != modules.as_str() {
+            let name = format!("{release}-{}", text(document, "/metadata/name"));
+            document["metadata"]["name"] = name.into();
+        }
+        if document["kind"] != "Deployment" {
+            continue;
+        }
+        let pod = &mut document["spec"]["template"]["spec"];
+        for volume in pod["volumes"].as_array_mut().context("volumes")? {
+            volume["name"] = format!("{release}-{}", text(volume, "/name")).into();
+            if volume["secret"].is_object() {
+                volume["secret"]["optional"] = false.into();
+            }
+            if let Some(name) = volume["configMap"]["name"].as_str()
+                && name != modules
+            {
+                volume["configMap"]["name"] = format!("{release}-{name}").into();
+            }
+            let name = [
+                volume["configMap"]["name"].as_str(),
+                volume["secret"]["secretName"].as_str(),
+            ]
+            .into_iter()
+            .flatten()
+            .next()
+            .unwrap_or(text(volume, "/name"));
+            volumes.push(name.to_owned());
+        }
+        // podman publishes declared ports, which the host network
+        // refuses: the probes name the port by number instead.
+        let container = &mut pod["containers"][0];
+        if let Some(ports) = container.as_object_mut().and_then(|c| c.remove("ports")) {
+            anyhow::ensure!(ports[0]["name"] == "admin" && ports[0]["containerPort"] == port);
+        }
+        for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+            if container[probe].is_object() {
+                container[probe]["httpGet"]["port"] = port.into();
+            }
+        }
+        for mount in pod["containers"][0]["volumeMounts"]
+            .as_array_mut()
+            .context("mounts")?
+        {
+            mount["name"] = format!("{release}-{}", text(mount, "/name")).into();
+        }
+    }
+    let secret_yaml = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": secret},
+        // podman 4.3 writes `data` as given, not base64-decoded.
+        "data": {
+            "amqp-password": "admin",
+            "admin-token": "0123456789abcdef0123456789abcdef",
+        },
+    });
+    let files = std::env::temp_dir().join(&release);
+    std::fs::create_dir_all(&files)?;
+    std::fs::write(files.join("secret.json"), secret_yaml.to_string())?;
+    // YAML is a superset of JSON: one document per `---`.
+    let play: Vec<String> = documents.iter().map(Value::to_string).collect();
+    std::fs::write(files.join("play.yaml"), play.join("\n---\n"))?;
+    podman_output(&[
+        "secret",
+        "create",
+        &secret,
+        &files.join("secret.json").display().to_string(),
+    ])
+    .await?;
+    let pod = KubePlay {
+        file: files.join("play.yaml"),
+        secret: secret.clone(),
+        volumes,
+    };
+    let played = podman()
+        .env("CONTAINERS_CONF", write_containers_conf(&files)?)
+        .args(["kube", "play", "--replace", "--network", "host"])
+        .arg(&pod.file)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        played.status.success(),
+        "podman kube play: {}",
+        String::from_utf8_lossy(&played.stderr)
+    );
+    let admin: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !http_get(admin, "/readyz")
+        .await
+        .is_ok_and(|(status, _)| status.contains("200"))
+    {
+        if Instant::now() > deadline {
+            let logs = podman()
+                .args(["pod", "logs", "wharf-pod-0"])
+                .output()
+                .await?;
+            anyhow::bail!(
+                "/readyz never said ready: {}{}",
+                String::from_utf8_lossy(&logs.stdout),
+                String::from_utf8_lossy(&logs.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut client = Client::connect(&artemis_url()).await?;
+    let mut outputs = client.watch(&out).await?;
+    let first = format!("{q}.1");
+    client
+        .publish_scripted(
+            &q,
+            std::slice::from_ref(&first),
+            &format!("*:send={out},ack"),
+        )
+        .await?;
+    outputs.next().await?;
+
+    // The volumes as podman keeps them, rewritten as the kubelet does.
+    let volume_path = async |name: &str| -> anyhow::Result<PathBuf> {
+        let path =
+            podman_output(&["volume", "inspect", name, "--format", "{{.Mountpoint}}"]).await?;
+        Ok(PathBuf::from(path.trim()))
+    };
+    let config_volume = volume_path(&format!("{release}-wharf-config")).await?;
+    let modules_volume = volume_path(&modules).await?;
+    let config = std::fs::read_to_string(config_volume.join("wharf.toml"))?;
+    let swapped = config.replace(&tenants(false), &tenants(true));
+    anyhow::ensure!(swapped != config, "the tenants are in the rendered config");
+    let staged = config_volume.join(".wharf.toml.new");
+    std::fs::write(&staged, swapped)?;
+    std::fs::rename(&staged, config_volume.join("wharf.toml"))?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let staged = modules_volume.join(".late.wasm.new");
+    std::fs::copy(guest("fixture_script"), &staged)?;
+    std::fs::rename(&staged, modules_volume.join("late.wasm"))?;
+    let id = format!("{late}.1");
+    client
+        .publish_scripted(
+            &late,
+            std::slice::from_ref(&id),
+            &format!("*:send={out},ack"),
+        )
+        .await?;
+    let output = outputs.next().await?;
+    assert_eq!(
+        message_id(&output.1)
+            .as_deref()
+            .and_then(|o| input_of_output(o, 0)),
+        Some(id.as_str())
+    );
+    outputs.close().await;
+    client.close().await;
+    Ok(())
+}
+
+/// The rlimits podman would raise past what this sandbox allows, lowered
+/// for `kube play` (which takes no `--ulimit`).
+fn write_containers_conf(folder: &Path) -> anyhow::Result<PathBuf> {
+    let path = folder.join("containers.conf");
+    std::fs::write(
+        &path,
+        "[containers]\ndefault_ulimits = [\"nofile=10000:10000\", \"nproc=4096:4096\"]\n",
+    )?;
+    Ok(path)
+}
+
+/// A played pod, torn down with its volumes and secret when dropped.
+struct KubePlay {
+    file: PathBuf,
+    secret: String,
+    volumes: Vec<String>,
+}
+
+impl Drop for KubePlay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("podman")
+            .args(["kube", "down"])
+            .arg(&self.file)
+            .output();
+        let _ = std::process::Command::new("podman")
+            .args(["secret", "rm", &self.secret])
+            .output();
+        let _ = std::process::Command::new("podman")
+            .args(["volume", "rm", "--force"])
+            .args(&self.volumes)
+            .output();
+        if let Some(folder) = self.file.parent() {
+            let _ = std::fs::remove_dir_all(folder);
+        }
+    }
+}
+
+fn text<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }

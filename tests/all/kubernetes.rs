@@ -146,7 +146,7 @@ fn kustomize_documents() -> anyhow::Result<Vec<Value>> {
 }
 
 /// What `helm template` renders of the chart with `values` set.
-fn helm_documents(values: &[&str]) -> anyhow::Result<Vec<Value>> {
+pub(crate) fn helm_documents(values: &[&str]) -> anyhow::Result<Vec<Value>> {
     let helm = std::process::Command::new(repo_root().join("scripts/helm")).output()?;
     anyhow::ensure!(
         helm.status.success(),
@@ -160,7 +160,11 @@ fn helm_documents(values: &[&str]) -> anyhow::Result<Vec<Value>> {
         .arg("wharf")
         .arg(repo_root().join("deploy/helm/wharf"));
     for value in values {
-        command.arg("--set").arg(value);
+        // `--values=FILE` as is; `key=value` is a `--set`.
+        if !value.starts_with("--") {
+            command.arg("--set");
+        }
+        command.arg(value);
     }
     let rendered = command.output()?;
     anyhow::ensure!(

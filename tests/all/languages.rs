@@ -266,3 +266,59 @@ fn compiled_modules_are_kept_on_disk_and_loaded_by_the_next_start() -> anyhow::R
     std::fs::remove_dir_all(&cache)?;
     Ok(())
 }
+
+/// `wharf run` with five JavaScript and Python mounts, stopped and started
+/// again on the same module cache: the second start compiles nothing, and
+/// both starts' times (process start to running) are printed for the
+/// README's figures.
+#[tokio::test]
+async fn a_restart_with_five_javascript_and_python_mounts_compiles_nothing() -> anyhow::Result<()> {
+    let folder = std::env::temp_dir().join(unique("restart-cache"));
+    std::fs::create_dir_all(&folder)?;
+    // A fifth module: the Python one with a custom section appended, so
+    // its digest (and compiled file) is its own.
+    let mut fifth = std::fs::read(crate::guest("flaky_python"))?;
+    fifth.extend_from_slice(&[0, 6, 5, b'w', b'h', b'a', b'r', b'f']);
+    std::fs::write(folder.join("fifth.wasm"), &fifth)?;
+    let mut mounts: Vec<MountToml> = [
+        "flaky_js",
+        "flaky_js_qjs",
+        "fixture_fetch_js",
+        "flaky_python",
+    ]
+    .iter()
+    .map(|name| MountToml::new(&name.replace('_', "-"), name, &unique(name)))
+    .collect();
+    let mut fifth_mount = MountToml::new("fifth", "flaky_python", &unique("fifth"));
+    fifth_mount.module = folder.join("fifth.wasm");
+    mounts.push(fifth_mount);
+    let text = crate::tenants_text(
+        &crate::artemis_url(),
+        &format!("module_cache = \"{}\"", folder.join("cache").display()),
+        &[TenantToml::new("t", mounts)],
+    );
+    let mut starts = Vec::new();
+    for _ in 0..2 {
+        let started = std::time::Instant::now();
+        let mut wharf = crate::process::WharfProcess::start_config(&text).await?;
+        let running = started.elapsed();
+        let ready = wharf.wait_for_log("modules ready").await?;
+        let line: serde_json::Value = serde_json::from_str(&ready)?;
+        let fields = &line["fields"];
+        starts.push((
+            fields["compiled"].as_u64(),
+            fields["from_cache"].as_u64(),
+            fields["elapsed_ms"].as_u64(),
+            running,
+        ));
+        crate::process::signal(&wharf, "-TERM").await?;
+        wharf.wait_for_log("stopped").await?;
+    }
+    eprintln!(
+        "restart with 5 JavaScript/Python modules (compiled, from cache, ms loading, start to running): {starts:?}"
+    );
+    assert_eq!((starts[0].0, starts[0].1), (Some(5), Some(0)), "{starts:?}");
+    assert_eq!((starts[1].0, starts[1].1), (Some(0), Some(5)), "{starts:?}");
+    std::fs::remove_dir_all(&folder)?;
+    Ok(())
+}

@@ -209,6 +209,55 @@ async fn a_restart_with_the_registry_away_runs_the_module_pulled_before() -> any
     Ok(())
 }
 
+/// A registry that answers only `ci` (password `pw1`, bcrypt cost 4).
+const USERS: &str = "ci:$2a$04$hUWad.7IJ4148iGYVOV5qOm7l.C//mU3GfcuyltGem3uyDIPdfz2a\n";
+
+/// A registry that asks for credentials: `wharf push --credentials` and
+/// `[host.registry] credentials` read them from a Docker `config.json`;
+/// without them the pull is refused, naming the mount.
+#[tokio::test]
+async fn credentials_come_from_a_docker_config_file() -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let registry = OciRegistry::start_with_users(Some(USERS)).await?;
+    let files = Workspace::new()?;
+    let auth = base64::engine::general_purpose::STANDARD.encode("ci:pw1");
+    files.replace(
+        "docker.json",
+        serde_json::json!({"auths": {registry.address.clone(): {"auth": auth}}})
+            .to_string()
+            .as_bytes(),
+    )?;
+    let tag = registry.reference("team/handler:v1");
+    let credentials = files.path("docker.json").display().to_string();
+    let anonymous = registry.push(&guest("fixture_script"), &tag).await;
+    assert!(anonymous.is_err(), "an anonymous push is refused");
+    registry
+        .push_with(
+            &guest("fixture_script"),
+            &tag,
+            &["--credentials", &credentials],
+        )
+        .await?;
+
+    let queue = unique("oci-auth");
+    let error = match Host::load(config(&files, &registry, &[("m", &tag, &queue)])?).await {
+        Ok(_) => anyhow::bail!("pulled without credentials"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        error.contains("mount `m`") && error.contains("did not serve"),
+        "{error}"
+    );
+    let mut with_credentials = config(&files, &registry, &[("m", &tag, &queue)])?;
+    with_credentials.host.registry.credentials = Some(files.path("docker.json"));
+    let mut host = TestHost::start_config(with_credentials).await?;
+    let mut client = Client::connect(&artemis_url()).await?;
+    handled_by(&mut host, &mut client, &queue).await?;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
 /// Replaces `repository:tag` with a manifest of one layer, written by hand
 /// as a lying registry would serve it.
 async fn put_manifest(

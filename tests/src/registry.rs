@@ -20,8 +20,14 @@ pub struct OciRegistry {
 }
 
 impl OciRegistry {
-    /// Starts a registry and waits until it answers.
+    /// Starts a registry open to anyone and waits until it answers.
     pub async fn start() -> anyhow::Result<OciRegistry> {
+        OciRegistry::start_with_users(None).await
+    }
+
+    /// Starts a registry that answers only the users of `htpasswd` (lines
+    /// of `user:bcrypt-hash`), or anyone.
+    pub async fn start_with_users(htpasswd: Option<&str>) -> anyhow::Result<OciRegistry> {
         let binary = std::process::Command::new(repo_root().join("scripts/registry")).output()?;
         anyhow::ensure!(
             binary.status.success(),
@@ -35,12 +41,18 @@ impl OciRegistry {
             .port();
         let address = format!("127.0.0.1:{port}");
         let config = std::env::temp_dir().join(format!("{}.yml", unique("wharf-registry")));
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  inmemory: {{}}\nhttp:\n  addr: {address}\n"
-            ),
-        )?;
+        let mut text = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  inmemory: {{}}\nhttp:\n  addr: {address}\n"
+        );
+        if let Some(users) = htpasswd {
+            let file = config.with_extension("htpasswd");
+            std::fs::write(&file, users)?;
+            text += &format!(
+                "auth:\n  htpasswd:\n    realm: wharf\n    path: {}\n",
+                file.display()
+            );
+        }
+        std::fs::write(&config, text)?;
         let server = Command::new(&binary)
             .arg("serve")
             .arg(&config)
@@ -71,9 +83,20 @@ impl OciRegistry {
     /// Pushes `module` as `reference` with `wharf push`, and returns the
     /// reference by digest it prints.
     pub async fn push(&self, module: &Path, reference: &str) -> anyhow::Result<String> {
+        self.push_with(module, reference, &[]).await
+    }
+
+    /// [`OciRegistry::push`] with more arguments to `wharf push`.
+    pub async fn push_with(
+        &self,
+        module: &Path,
+        reference: &str,
+        arguments: &[&str],
+    ) -> anyhow::Result<String> {
         let output = Command::new(wharf_binary())
             .arg("push")
             .arg("--plain-http")
+            .args(arguments)
             .arg(module)
             .arg(reference)
             .output()

@@ -119,9 +119,19 @@ impl Health {
         mounts.insert(key, health);
     }
 
-    /// Whether the host can take work (serving, and connected to every
-    /// broker its mounts use), with each broker's connections and the
-    /// mounts not attached, as JSON.
+    /// Whether the host can take work: serving, and connected to every
+    /// broker its mounts use.
+    fn ready(&self) -> bool {
+        self.serving()
+            && self
+                .brokers
+                .locked()
+                .as_ref()
+                .is_some_and(|pools| pools.iter().all(|(_, pool)| pool.status().connections > 0))
+    }
+
+    /// [`Health::ready`], with each broker's connections and the mounts
+    /// not attached, as JSON.
     fn readiness(&self) -> (bool, String) {
         let statuses: Option<Vec<(String, PoolStatus)>> =
             self.brokers.locked().as_ref().map(|pools| {
@@ -346,9 +356,9 @@ impl Admin {
         if request.path == "/readyz" && !authorized {
             // A probe carries no token (Kubernetes' cannot read a Secret):
             // it gets the verdict; the mounts' states need the token.
-            return match self.health.readiness() {
-                (true, _) => ("200 OK", "text/plain", "ready\n".to_owned()),
-                (false, _) => (
+            return match self.health.ready() {
+                true => ("200 OK", "text/plain", "ready\n".to_owned()),
+                false => (
                     "503 Service Unavailable",
                     "text/plain",
                     "not ready\n".to_owned(),

@@ -115,7 +115,15 @@ impl Host {
         pull_modules(&registry, &config)
             .await
             .map_err(HostError::Modules)?;
+        let compiling = std::time::Instant::now();
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
+        let cached = modules.iter().filter(|m| m.from_disk_cache()).count();
+        tracing::info!(
+            compiled = modules.len() - cached,
+            from_cache = cached,
+            elapsed_ms = compiling.elapsed().as_millis() as u64,
+            "modules ready"
+        );
         probe_modules(&sandbox, &config, &modules)
             .await
             .map_err(HostError::Modules)?;
