@@ -27,4 +27,4 @@ mod sync;
 pub mod telemetry;
 pub mod tenants;
 
-pub use tenants::{Host, HostError, RunningHost};
+pub use tenants::{Host, HostError, ModulesLoaded, RunningHost};

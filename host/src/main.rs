@@ -649,7 +649,15 @@ const SHOWN_BODY_BYTES: usize = 64 * 1024;
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     let grace = config.host.shutdown_grace;
-    let host = Host::load(config).await?.start().await?;
+    let host = Host::load(config).await?;
+    let loaded = host.modules_loaded();
+    tracing::info!(
+        compiled = loaded.compiled,
+        from_cache = loaded.from_cache,
+        elapsed_ms = u64::try_from(loaded.took.as_millis()).unwrap_or(u64::MAX),
+        "modules ready"
+    );
+    let host = host.start().await?;
     // Listening before saying so: a SIGHUP sent on reading "running" must
     // not meet the default action, which ends the process. Listening from
     // the start also means a signal during a reload is not missed.

@@ -72,6 +72,12 @@ pub enum RegistryError {
     },
 }
 
+impl From<oci_client::errors::OciDistributionError> for RegistryError {
+    fn from(error: oci_client::errors::OciDistributionError) -> RegistryError {
+        RegistryError::Unreachable(error.to_string())
+    }
+}
+
 /// What a pull found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pulled {
@@ -138,10 +144,9 @@ impl Registry {
         reference: &ModuleReference,
     ) -> Result<String, RegistryError> {
         let (client, auth) = self.client(&reference.registry)?;
-        client
+        Ok(client
             .fetch_manifest_digest(&to_reference(reference), &auth)
-            .await
-            .map_err(|e| RegistryError::Unreachable(e.to_string()))
+            .await?)
     }
 
     /// Makes `file` hold the module `reference` names now: resolves a tag,
@@ -152,15 +157,12 @@ impl Registry {
         reference: &ModuleReference,
         file: &Path,
     ) -> Result<Pulled, RegistryError> {
-        let unreachable =
-            |e: oci_client::errors::OciDistributionError| RegistryError::Unreachable(e.to_string());
         let refused = RegistryError::Refused;
         let target = to_reference(reference);
         let (client, auth) = self.client(&reference.registry)?;
         let (manifest_bytes, _) = client
             .pull_manifest_raw(&target, &auth, &[OCI_IMAGE_MEDIA_TYPE])
-            .await
-            .map_err(unreachable)?;
+            .await?;
         let manifest = sha256(&manifest_bytes);
         if let Version::Digest(wanted) = &reference.version
             && *wanted != manifest
@@ -178,49 +180,11 @@ impl Registry {
                 changed: false,
             });
         }
-        let mut stream = client
+        let stream = client
             .pull_blob_stream(&target, layer.digest.as_str())
-            .await
-            .map_err(unreachable)?
+            .await?
             .stream;
-        let folder = file.parent().unwrap_or(Path::new("."));
-        let cache = |source| RegistryError::Cache {
-            path: folder.to_owned(),
-            source,
-        };
-        tokio::fs::create_dir_all(folder).await.map_err(cache)?;
-        let partial = partial_name(file);
-        let written = async {
-            let mut out = tokio::fs::File::create(&partial).await.map_err(cache)?;
-            let mut hasher = Sha256::new();
-            let mut size: u64 = 0;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| RegistryError::Unreachable(e.to_string()))?;
-                size += chunk.len() as u64;
-                if size > layer.size {
-                    return Err(refused(format!(
-                        "the registry sent more than the {} bytes the manifest gives",
-                        layer.size
-                    )));
-                }
-                hasher.update(&chunk);
-                out.write_all(&chunk).await.map_err(cache)?;
-            }
-            let got = format!("sha256:{:x}", hasher.finalize());
-            if got != layer.digest {
-                return Err(refused(format!(
-                    "the module's bytes have the digest {got}, not the manifest's {}",
-                    layer.digest
-                )));
-            }
-            out.sync_all().await.map_err(cache)?;
-            tokio::fs::rename(&partial, file).await.map_err(cache)
-        }
-        .await;
-        if written.is_err() {
-            let _ = tokio::fs::remove_file(&partial).await;
-        }
-        written?;
+        write_checked(stream, &layer, file).await?;
         Ok(Pulled {
             digest: layer.digest,
             manifest,
@@ -235,21 +199,15 @@ impl Registry {
         component: Vec<u8>,
         reference: &ModuleReference,
     ) -> Result<String, RegistryError> {
-        let unreachable =
-            |e: oci_client::errors::OciDistributionError| RegistryError::Unreachable(e.to_string());
         let config = wasm_config(&component).map_err(RegistryError::Refused)?;
         let target = to_reference(reference);
         let (client, auth) = self.client(&reference.registry)?;
         let layer = ImageLayer::new(component, LAYER_MEDIA_TYPE.to_owned(), None);
         let config = BlobConfig::new(config, CONFIG_MEDIA_TYPE.to_owned(), None);
-        client
-            .push(&target, &[layer], config, &auth, None)
-            .await
-            .map_err(unreachable)?;
+        client.push(&target, &[layer], config, &auth, None).await?;
         let (manifest, _) = client
             .pull_manifest_raw(&target, &auth, &[OCI_IMAGE_MEDIA_TYPE])
-            .await
-            .map_err(unreachable)?;
+            .await?;
         Ok(sha256(&manifest))
     }
 
@@ -432,6 +390,54 @@ fn module_layer(manifest: &[u8], max_size: u64) -> Result<Layer, String> {
         digest: layer.digest.clone(),
         size,
     })
+}
+
+/// Writes a module's bytes beside `file`, checked against the layer's size
+/// (while reading) and digest, then renames them over `file`; nothing is
+/// left behind when a check fails.
+async fn write_checked(
+    mut stream: futures_util::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    layer: &Layer,
+    file: &Path,
+) -> Result<(), RegistryError> {
+    let folder = file.parent().unwrap_or(Path::new("."));
+    let cache = |source| RegistryError::Cache {
+        path: folder.to_owned(),
+        source,
+    };
+    tokio::fs::create_dir_all(folder).await.map_err(cache)?;
+    let partial = partial_name(file);
+    let written = async {
+        let mut out = tokio::fs::File::create(&partial).await.map_err(cache)?;
+        let mut hasher = Sha256::new();
+        let mut size: u64 = 0;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| RegistryError::Unreachable(e.to_string()))?;
+            size += chunk.len() as u64;
+            if size > layer.size {
+                return Err(RegistryError::Refused(format!(
+                    "the registry sent more than the {} bytes the manifest gives",
+                    layer.size
+                )));
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk).await.map_err(cache)?;
+        }
+        let got = format!("sha256:{:x}", hasher.finalize());
+        if got != layer.digest {
+            return Err(RegistryError::Refused(format!(
+                "the module's bytes have the digest {got}, not the manifest's {}",
+                layer.digest
+            )));
+        }
+        out.sync_all().await.map_err(cache)?;
+        tokio::fs::rename(&partial, file).await.map_err(cache)
+    }
+    .await;
+    if written.is_err() {
+        let _ = tokio::fs::remove_file(&partial).await;
+    }
+    written
 }
 
 /// The digest of what `file` holds now, if it can be read.

@@ -73,10 +73,23 @@ fn join_lines<E: std::fmt::Display>(errors: &[E]) -> String {
         .join("\n")
 }
 
+/// What [`Host::load`] did with the modules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModulesLoaded {
+    /// Modules compiled.
+    pub compiled: usize,
+    /// Modules loaded from the module cache instead.
+    pub from_cache: usize,
+    /// How long both took.
+    pub took: std::time::Duration,
+}
+
 /// A host whose modules are compiled and validated, not yet connected.
 pub struct Host {
     config: Config,
     modules: Vec<Module>,
+    /// How long compiling (or loading from the cache) the modules took.
+    compile_time: std::time::Duration,
     sandbox: Sandbox,
     registry: Registry,
     events: broadcast::Sender<Event>,
@@ -117,13 +130,7 @@ impl Host {
             .map_err(HostError::Modules)?;
         let compiling = std::time::Instant::now();
         let modules = load_modules(&sandbox, &config).map_err(HostError::Modules)?;
-        let cached = modules.iter().filter(|m| m.from_disk_cache()).count();
-        tracing::info!(
-            compiled = modules.len() - cached,
-            from_cache = cached,
-            elapsed_ms = compiling.elapsed().as_millis() as u64,
-            "modules ready"
-        );
+        let compile_time = compiling.elapsed();
         probe_modules(&sandbox, &config, &modules)
             .await
             .map_err(HostError::Modules)?;
@@ -131,6 +138,7 @@ impl Host {
         Ok(Host {
             config,
             modules,
+            compile_time,
             sandbox,
             registry,
             events,
@@ -138,6 +146,17 @@ impl Host {
             health,
             admin,
         })
+    }
+
+    /// How the modules were made ready: how many compiled, how many
+    /// loaded from the module cache, and how long it took.
+    pub fn modules_loaded(&self) -> ModulesLoaded {
+        let from_cache = self.modules.iter().filter(|m| m.from_disk_cache()).count();
+        ModulesLoaded {
+            compiled: self.modules.len() - from_cache,
+            from_cache,
+            took: self.compile_time,
+        }
     }
 
     /// Watches what the host does. Subscribe before [`Host::start`] to see
