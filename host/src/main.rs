@@ -251,7 +251,7 @@ enum KedaBroker {
     Rabbitmq,
 }
 
-/// Prints the `ScaledObject`, and on stderr each mount left out and why.
+/// Publishes `module` as `reference` and prints the reference by digest.
 async fn push(
     module: &std::path::Path,
     reference: &str,
@@ -281,6 +281,7 @@ async fn push(
     Ok(())
 }
 
+/// Prints the `ScaledObject`, and on stderr each mount left out and why.
 fn scaled_object(object: KubeObject) -> anyhow::Result<()> {
     let KubeObject::Scaledobject {
         config,

@@ -61,7 +61,8 @@ async fn handled_by(
 
 /// A mount runs a module by tag and another the same module by digest;
 /// a new module pushed to the tag reloads the first (found by polling)
-/// and leaves the pinned one as it was.
+/// and leaves the pinned one as it was; a config reload naming a third
+/// tag pulls it.
 #[tokio::test]
 async fn a_moved_tag_reloads_its_mounts_and_a_digest_stays_pinned() -> anyhow::Result<()> {
     let registry = OciRegistry::start().await?;
@@ -70,12 +71,12 @@ async fn a_moved_tag_reloads_its_mounts_and_a_digest_stays_pinned() -> anyhow::R
     let pinned = registry.push(&guest("fixture_script"), &tag).await?;
     assert!(pinned.contains("@sha256:"), "{pinned}");
     let (by_tag, by_digest) = (unique("oci-tag"), unique("oci-digest"));
-    let config = config(
+    let first_config = config(
         &files,
         &registry,
         &[("tagged", &tag, &by_tag), ("pinned", &pinned, &by_digest)],
     )?;
-    let mut host = TestHost::start_config(config).await?;
+    let mut host = TestHost::start_config(first_config).await?;
     let mut client = Client::connect(&artemis_url()).await?;
     let first = handled_by(&mut host, &mut client, &by_tag).await?;
     assert_eq!(handled_by(&mut host, &mut client, &by_digest).await?, first);
@@ -105,6 +106,35 @@ async fn a_moved_tag_reloads_its_mounts_and_a_digest_stays_pinned() -> anyhow::R
         !host.seen(|e| matches!(e, Event::ModuleReloaded { mount, .. } if &**mount == "pinned")),
         "a module named by digest never moves"
     );
+
+    // A config reload naming another tag pulls it before the mount starts.
+    let canary = registry.reference("team/handler:canary");
+    registry.push(&guest("fixture_script"), &canary).await?;
+    let by_canary = unique("oci-canary");
+    config(
+        &files,
+        &registry,
+        &[
+            ("tagged", &tag, &by_tag),
+            ("pinned", &pinned, &by_digest),
+            ("canary", &canary, &by_canary),
+        ],
+    )?;
+    let change = host
+        .next(|e| match e {
+            Event::ConfigReloaded(change) => Some(change.clone()),
+            _ => None,
+        })
+        .await?;
+    assert_eq!(
+        (change.error, change.added),
+        (None, vec!["t/canary".to_owned()])
+    );
+    host.next(|e| {
+        matches!(e, Event::MountReady { mount, .. } if &**mount == "canary").then_some(())
+    })
+    .await?;
+    assert_eq!(handled_by(&mut host, &mut client, &by_canary).await?, first);
     host.stop().await?;
     client.close().await;
     Ok(())

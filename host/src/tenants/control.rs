@@ -434,9 +434,18 @@ impl Control {
     }
 
     async fn apply(&mut self, config: Config) -> ConfigChange {
-        if let Err(errors) = super::pull_modules(&self.registry, &config).await {
+        // A registry slow to answer must not hold up a stop.
+        let pulled = tokio::select! {
+            pulled = super::pull_modules(&self.registry, &config) => pulled,
+            () = self.stopping.cancelled() => Err(Vec::new()),
+        };
+        if let Err(errors) = pulled {
             return ConfigChange {
-                error: Some(super::join_lines(&errors)),
+                error: Some(if errors.is_empty() {
+                    "stopping: the modules were not pulled".to_owned()
+                } else {
+                    super::join_lines(&errors)
+                }),
                 ..ConfigChange::default()
             };
         }
