@@ -238,7 +238,7 @@ pub async fn pull_all(
     let mut errors = Vec::new();
     for (reference, file) in pulled_modules(config) {
         match registry.pull(&reference, &file).await {
-            Ok(pulled) => log_pulled(&reference, &pulled),
+            Ok(pulled) => log_pulled(&reference, &pulled, "module pulled"),
             Err(error @ RegistryError::Unreachable(_)) if file.is_file() => {
                 tracing::warn!(
                     module = %reference,
@@ -263,14 +263,14 @@ pub fn pulled_modules(config: &Config) -> HashMap<ModuleReference, PathBuf> {
         .collect()
 }
 
-/// Says what a tag resolved to, and whether that is new.
-pub fn log_pulled(reference: &ModuleReference, pulled: &Pulled) {
+/// Says what a tag resolved to (`what` when that is new content).
+fn log_pulled(reference: &ModuleReference, pulled: &Pulled, what: &str) {
     if pulled.changed {
         tracing::info!(
             module = %reference,
             manifest = %pulled.manifest,
             digest = %pulled.digest,
-            "module pulled"
+            "{what}"
         );
     } else {
         tracing::debug!(module = %reference, manifest = %pulled.manifest, "module unchanged");
@@ -333,14 +333,7 @@ async fn check_tag(
         return Ok(now);
     }
     let pulled = registry.pull(reference, file).await?;
-    if pulled.changed {
-        tracing::info!(
-            module = %reference,
-            manifest = %pulled.manifest,
-            digest = %pulled.digest,
-            "module tag moved; reloading"
-        );
-    }
+    log_pulled(reference, &pulled, "module tag moved; reloading");
     Ok(pulled.manifest)
 }
 

@@ -568,22 +568,17 @@ async fn the_rabbitmq_trigger_counts_the_backlog_and_not_what_wharf_holds() -> a
         .await
     };
     let mut client = crate::client::Client::connect(&crate::rabbitmq4_url()).await?;
-    for n in 0..7 {
-        let id = format!("{queue}.{n}");
-        client
-            .publish(
-                &address,
-                crate::client::TestMessage::new(&id, "x").script("1:after=600000"),
-            )
-            .await?;
-    }
+    let ids: Vec<String> = (0..7).map(|n| format!("{queue}.{n}")).collect();
+    client
+        .publish_scripted(&address, &ids, "1:after=600000")
+        .await?;
     backlog(7).await?;
     // wharf takes them all and holds each through its ten-minute delay.
     let mut host =
         crate::TestHost::start_config(Config::parse(&host_config, &repo_root().join("test.toml"))?)
             .await?;
-    for n in 0..7 {
-        host.started(&format!("{queue}.{n}")).await?;
+    for id in &ids {
+        host.started(id).await?;
     }
     backlog(0).await?;
     host.stop().await?;
@@ -657,18 +652,21 @@ fn go_escaped(path: &str) -> String {
 
 /// What Jolokia answers KEDA's request: the `value` when `status` is 200.
 async fn jolokia_value(url: &str, origin: &str) -> anyhow::Result<i64> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let rest = url.strip_prefix("http://").context("http")?;
     let (host, path) = rest.split_once('/').context("a path")?;
-    let mut stream = tokio::net::TcpStream::connect(host).await?;
     // admin:admin, as the TriggerAuthentication gives them.
-    let head = format!(
-        "GET /{} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Basic YWRtaW46YWRtaW4=\r\nOrigin: {origin}\r\n\r\n",
-        go_escaped(path)
-    );
-    stream.write_all(head.as_bytes()).await?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await?;
+    let headers = [
+        ("Authorization", "Basic YWRtaW46YWRtaW4="),
+        ("Origin", origin),
+    ];
+    let answer = crate::http_request(
+        host,
+        "GET",
+        &format!("/{}", go_escaped(path)),
+        &headers,
+        b"",
+    )
+    .await?;
     let (_, body) = answer.split_once("\r\n\r\n").context("an HTTP answer")?;
     let body: Value = serde_json::from_str(body).with_context(|| format!("{url}: {answer}"))?;
     anyhow::ensure!(body["status"] == 200, "{url}: {body}");
@@ -746,23 +744,18 @@ async fn the_artemis_triggers_count_the_backlog_and_not_the_scheduled_copies() -
         }
     };
     let mut client = crate::client::Client::connect(CONSOLE_AMQP).await?;
-    for n in 0..10 {
-        let id = format!("{queue}.{n}");
-        client
-            .publish(
-                &queue,
-                crate::client::TestMessage::new(&id, "x").script("1:after=600000"),
-            )
-            .await?;
-    }
+    let ids: Vec<String> = (0..10).map(|n| format!("{queue}.{n}")).collect();
+    client
+        .publish_scripted(&queue, &ids, "1:after=600000")
+        .await?;
     wait_for(10).await?;
     // wharf takes them all and leaves a copy of each, scheduled ten
     // minutes on, on the same queue.
     let mut host =
         crate::TestHost::start_config(Config::parse(&host_config, &repo_root().join("test.toml"))?)
             .await?;
-    for n in 0..10 {
-        host.handled(&format!("{queue}.{n}")).await?;
+    for id in &ids {
+        host.handled(id).await?;
     }
     wait_for(0).await?;
     let (url, _) = artemis_request(&triggers[0]["metadata"])?;

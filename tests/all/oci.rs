@@ -15,7 +15,9 @@ use wharf_core::settlement::Disposition;
 use crate::client::{Client, TestMessage};
 use crate::registry::OciRegistry;
 use crate::reload::Workspace;
-use crate::{MountToml, TenantToml, TestHost, artemis_url, guest, tenants_text, unique};
+use crate::{
+    MountToml, TenantToml, TestHost, artemis_url, guest, http_request, tenants_text, unique,
+};
 
 /// A config whose mounts run `modules` (references), one queue each, with
 /// pulled modules kept in the workspace and tags polled every 200 ms.
@@ -120,16 +122,8 @@ async fn a_moved_tag_reloads_its_mounts_and_a_digest_stays_pinned() -> anyhow::R
             ("canary", &canary, &by_canary),
         ],
     )?;
-    let change = host
-        .next(|e| match e {
-            Event::ConfigReloaded(change) => Some(change.clone()),
-            _ => None,
-        })
-        .await?;
-    assert_eq!(
-        (change.error, change.added),
-        (None, vec!["t/canary".to_owned()])
-    );
+    let change = crate::reload::config_reloaded(&mut host).await?;
+    assert_eq!(change.added, ["t/canary"]);
     host.next(|e| {
         matches!(e, Event::MountReady { mount, .. } if &**mount == "canary").then_some(())
     })
@@ -160,10 +154,7 @@ async fn a_module_the_registry_does_not_hold_is_refused_naming_the_mount() -> an
             &registry,
             &[("m", reference, &unique("oci-missing"))],
         )?;
-        let error = match Host::load(config).await {
-            Ok(_) => anyhow::bail!("{reference} loaded"),
-            Err(error) => error.to_string(),
-        };
+        let error = refused(config, format!("{reference} loaded")).await?;
         assert!(error.contains("tenant `t`, mount `m`"), "{error}");
         assert!(error.contains(reference.as_str()), "{error}");
         assert!(error.contains("did not serve"), "{error}");
@@ -206,10 +197,11 @@ async fn a_manifest_that_does_not_match_its_module_is_refused() -> anyhow::Resul
             // size a manifest gives: only a download can be too long.
             std::fs::remove_dir_all(files.path("cache/oci"))?;
         }
-        let error = match Host::load(config(&files, &registry, &[("m", &tag, &queue)])?).await {
-            Ok(_) => anyhow::bail!("the {media_type} manifest of {size} bytes loaded"),
-            Err(error) => error.to_string(),
-        };
+        let error = refused(
+            config(&files, &registry, &[("m", &tag, &queue)])?,
+            format!("the {media_type} manifest of {size} bytes loaded"),
+        )
+        .await?;
         assert!(error.contains(says), "{error}");
         assert!(error.contains("mount `m`"), "{error}");
     }
@@ -270,10 +262,11 @@ async fn credentials_come_from_a_docker_config_file() -> anyhow::Result<()> {
         .await?;
 
     let queue = unique("oci-auth");
-    let error = match Host::load(config(&files, &registry, &[("m", &tag, &queue)])?).await {
-        Ok(_) => anyhow::bail!("pulled without credentials"),
-        Err(error) => error.to_string(),
-    };
+    let error = refused(
+        config(&files, &registry, &[("m", &tag, &queue)])?,
+        "pulled without credentials",
+    )
+    .await?;
     assert!(
         error.contains("mount `m`") && error.contains("did not serve"),
         "{error}"
@@ -300,11 +293,11 @@ async fn put_manifest(
 ) -> anyhow::Result<()> {
     let config = b"{}";
     let config_digest = format!("sha256:{:x}", sha2::Sha256::digest(config));
-    let started = http(
-        registry,
+    let started = http_request(
+        &registry.address,
         "POST",
         &format!("/v2/{repository}/blobs/uploads/"),
-        "",
+        &[],
         b"",
     )
     .await?;
@@ -317,11 +310,11 @@ async fn put_manifest(
         .split_once("/v2/")
         .map_or(location.clone(), |(_, rest)| format!("/v2/{rest}"));
     let separator = if path.contains('?') { '&' } else { '?' };
-    let stored = http(
-        registry,
+    let stored = http_request(
+        &registry.address,
         "PUT",
         &format!("{path}{separator}digest={config_digest}"),
-        "application/octet-stream",
+        &[("Content-Type", "application/octet-stream")],
         config,
     )
     .await?;
@@ -332,11 +325,11 @@ async fn put_manifest(
         "config": {"mediaType": "application/vnd.wasm.config.v0+json", "digest": config_digest, "size": config.len()},
         "layers": [{"mediaType": media_type, "digest": digest, "size": size}],
     });
-    let answer = http(
-        registry,
+    let answer = http_request(
+        &registry.address,
         "PUT",
         &format!("/v2/{repository}/manifests/{tag}"),
-        "application/vnd.oci.image.manifest.v1+json",
+        &[("Content-Type", "application/vnd.oci.image.manifest.v1+json")],
         &serde_json::to_vec(&manifest)?,
     )
     .await?;
@@ -351,24 +344,11 @@ fn created(answer: &str) -> bool {
         .is_some_and(|status| status.contains(" 201 "))
 }
 
-/// One HTTP/1.0 request to the registry; the whole answer as text.
-async fn http(
-    registry: &OciRegistry,
-    method: &str,
-    path: &str,
-    content_type: &str,
-    body: &[u8],
-) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(&registry.address).await?;
-    let head = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
-        registry.address,
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    Ok(String::from_utf8_lossy(&answer).into_owned())
+/// Why `Host::load` refuses `config`; `loaded` is the failure if it
+/// loads.
+async fn refused(config: Config, loaded: impl std::fmt::Display) -> anyhow::Result<String> {
+    match Host::load(config).await {
+        Ok(_) => anyhow::bail!("{loaded}"),
+        Err(error) => Ok(error.to_string()),
+    }
 }

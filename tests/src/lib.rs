@@ -134,6 +134,33 @@ pub async fn wait_for_count(
     }
 }
 
+/// One HTTP/1.0 request to `address` (`host:port`) with `headers` and
+/// `body` (its `Content-Length` added but to a bodiless `GET`); the whole
+/// answer as text, once the server closes.
+pub async fn http_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {address}\r\n");
+    for (name, value) in headers {
+        head += &format!("{name}: {value}\r\n");
+    }
+    if method != "GET" || !body.is_empty() {
+        head += &format!("Content-Length: {}\r\n", body.len());
+    }
+    head += "\r\n";
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
 /// How long a broker's command-line tool may take: a node busy with
 /// another test can leave `rabbitmqctl` waiting without end.
 pub const TOOL_DEADLINE: Duration = Duration::from_secs(20);

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
 use crate::process::wharf_binary;
-use crate::{DEADLINE, repo_root, unique};
+use crate::{DEADLINE, http_request, repo_root, unique};
 
 /// A registry serving plain HTTP on 127.0.0.1.
 pub struct OciRegistry {
@@ -117,13 +117,7 @@ impl OciRegistry {
 
 /// Whether `GET /v2/` answers at `address` (any HTTP status).
 async fn answers_http(address: &str) -> anyhow::Result<()> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(format!("GET /v2/ HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
-        .await?;
-    let mut answer = [0u8; 12];
-    stream.read_exact(&mut answer).await?;
-    anyhow::ensure!(answer.starts_with(b"HTTP/1."), "not HTTP");
+    let answer = http_request(address, "GET", "/v2/", &[], b"").await?;
+    anyhow::ensure!(answer.starts_with("HTTP/1."), "not HTTP");
     Ok(())
 }
