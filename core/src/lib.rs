@@ -10,6 +10,7 @@
 //! - [`retry_key`]: the key copies' retry counts are sealed with;
 //! - [`backoff`]: waits between attempts;
 //! - [`oci`]: modules named by their place in an OCI registry;
+//! - [`ordering`]: ordered mounts, one delivery of a key at a time;
 //! - [`words`]: AMQP conditions and outcomes as a person reads them.
 
 pub mod address;
@@ -20,6 +21,7 @@ pub mod endpoint;
 pub mod grants;
 pub mod message;
 pub mod oci;
+pub mod ordering;
 pub mod retry_key;
 pub mod sampler;
 pub mod settlement;

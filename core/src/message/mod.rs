@@ -326,6 +326,12 @@ impl AmqpMessage {
     }
 }
 
+/// An application property's value as text, for logs and spans: a string
+/// as it is, anything else as JSON.
+pub fn property_text(value: &Value) -> String {
+    view::json_text(value)
+}
+
 /// The message-id of `payload` read from its properties section alone, as
 /// a bounded, escaped rendering: for reports about a message whose other
 /// sections do not decode. `None` when it has none, or the section does

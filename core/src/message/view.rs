@@ -177,7 +177,7 @@ fn property_value(value: &Value) -> PropertyValue {
 }
 
 /// An AMQP value as JSON text: see [`to_json`].
-fn json_text(value: &Value) -> String {
+pub(super) fn json_text(value: &Value) -> String {
     match to_json(value) {
         // A bare string is shown without quotes, as `other(text)` reads.
         Json::String(text) => text,
