@@ -75,6 +75,9 @@ pub struct Counters {
     pub delivery_count: Option<u32>,
     /// `x-ruststream-retry-count`, present on copies the host published.
     pub retry_count: Option<u32>,
+    /// Attempts an ordered mount made again itself, holding the delivery
+    /// ([`Plan::RunAgain`]).
+    pub in_place: u32,
 }
 
 impl Counters {
@@ -83,6 +86,7 @@ impl Counters {
         self.retry_count
             .unwrap_or(0)
             .saturating_add(self.delivery_count.unwrap_or(0))
+            .saturating_add(self.in_place)
             .saturating_add(1)
     }
 
@@ -162,6 +166,10 @@ pub struct Policy {
     /// delivery up: the host does, to the dead-letter address, or with
     /// `accepted` (dropped) where the mount has none.
     pub rejected_requeues: bool,
+    /// The mount orders its deliveries by key (`order_by`): a retry below
+    /// the limit runs again in place, holding the key, so no later
+    /// delivery of the key overtakes it.
+    pub ordered: bool,
 }
 
 impl Policy {
@@ -251,6 +259,13 @@ pub enum Plan {
         /// The disposition if it is not.
         otherwise: Disposition,
     },
+    /// Ordered mounts: keep the delivery unsettled and its key held, and run
+    /// the handler on it again after `delay` (the attempt counted in
+    /// [`Counters::in_place`]). Nothing is sent or published.
+    RunAgain {
+        /// How long the key waits first.
+        delay: Duration,
+    },
     /// At most once: the delivery was settled on receipt, so only a publish
     /// (if any) can act; `unsupported` when the outcome asked for more
     /// (`AckError::Unsupported`).
@@ -288,7 +303,7 @@ impl Plan {
     /// What the plan publishes, if anything.
     pub fn publish(&self) -> Option<Publish> {
         match *self {
-            Plan::Settle(_) => None,
+            Plan::Settle(_) | Plan::RunAgain { .. } => None,
             Plan::PublishThenSettle { publish, .. } => Some(publish),
             Plan::Presettled { publish, .. } => publish,
         }
@@ -394,7 +409,7 @@ pub fn after_publish(
     };
     match *plan {
         Plan::Settle(disposition) => AfterPublish::Settle(Some(disposition)),
-        Plan::Presettled { .. } => AfterPublish::Settle(None),
+        Plan::Presettled { .. } | Plan::RunAgain { .. } => AfterPublish::Settle(None),
         Plan::PublishThenSettle {
             publish,
             then,
@@ -473,6 +488,12 @@ fn at_least_once(policy: &Policy, counters: &Counters, outcome: Outcome) -> Plan
     };
     if stops_retrying(policy, counters) {
         return policy.at_limit();
+    }
+    // A copy or a redelivery would let the key's later deliveries pass.
+    if policy.ordered {
+        return Plan::RunAgain {
+            delay: delay.unwrap_or_default(),
+        };
     }
     match delay {
         Some(delay) => publish_then(

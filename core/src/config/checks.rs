@@ -689,6 +689,7 @@ impl Checker<'_> {
             ));
         }
         let instance = self.instance_policy(here, &raw)?;
+        self.ordering(here, &raw)?;
         let subscription = self.topic_subscription(here, tenant, &raw)?;
         self.positive(here, "max_outputs", &raw.max_outputs)?;
         self.positive(here, "max_output_bytes", &raw.max_output_bytes)?;
@@ -731,11 +732,55 @@ impl Checker<'_> {
             max_message_size: raw
                 .max_message_size
                 .map_or(Mount::DEFAULT_MAX_MESSAGE_SIZE, Spanned::into_inner),
-            retry: raw.retry,
-            delay: raw.delay,
+            retry: raw.retry.map(Spanned::into_inner),
+            delay: raw.delay.map(Spanned::into_inner),
             outputs: raw.outputs,
-            retry_after_original: raw.retry_after_original,
+            retry_after_original: raw.retry_after_original.map(Spanned::into_inner),
+            order_by: raw.order_by.map(Spanned::into_inner),
+            max_keys: raw
+                .max_keys
+                .map_or(Mount::DEFAULT_MAX_KEYS, Spanned::into_inner),
         })
+    }
+
+    /// An ordered mount retries in place and holds its deliveries
+    /// unsettled: the keys that choose how retries travel do not apply, and
+    /// it settles after its handler.
+    fn ordering(&self, here: &str, raw: &RawMount) -> Result<(), ConfigError> {
+        self.positive(here, "max_keys", &raw.max_keys)?;
+        let Some(order_by) = &raw.order_by else {
+            return self.only_with(
+                here,
+                "`order_by`",
+                &[(raw.max_keys.as_ref().map(Spanned::span), "max_keys")],
+            );
+        };
+        if raw.settle == Settle::AtMostOnce {
+            return Err(self.invalid(
+                order_by,
+                format!(
+                    "{here}: `order_by` needs `settle = \"at-least-once\"`: a key's delivery is held unsettled while it is retried in place"
+                ),
+            ));
+        }
+        let span = |key: Option<std::ops::Range<usize>>, name| (key, name);
+        let set = [
+            span(raw.retry.as_ref().map(Spanned::span), "retry"),
+            span(raw.delay.as_ref().map(Spanned::span), "delay"),
+            span(
+                raw.retry_after_original.as_ref().map(Spanned::span),
+                "retry_after_original",
+            ),
+        ];
+        match set.into_iter().find_map(|(span, key)| Some((span?, key))) {
+            Some((span, key)) => Err(self.invalid(
+                &Spanned::new(span, ()),
+                format!(
+                    "{here}: `{key}` does not apply with `order_by`: an ordered mount retries in place, holding the key, so no later delivery of it passes"
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Refuses the first of `keys` that is set: each only applies with

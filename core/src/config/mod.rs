@@ -25,6 +25,7 @@ use crate::grants::{
     AddressOwners, AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits,
     ReplyGrant,
 };
+pub use crate::ordering::OrderBy;
 use crate::retry_key::RetryKey;
 use crate::text;
 pub use defaults::reference;
@@ -638,6 +639,12 @@ pub struct Mount {
     /// How the original of a `retry-after` is settled once its copy is
     /// accepted; `None` decides from the broker.
     pub retry_after_original: Option<RetryAfterOriginal>,
+    /// What deliveries are ordered by, if they are: one of a key at a
+    /// time, in the order the broker delivered them.
+    pub order_by: Option<OrderBy>,
+    /// On an ordered mount, the most keys with a delivery running or
+    /// waiting; the link's credit is withheld while there are as many.
+    pub max_keys: u32,
 }
 
 /// How a mount's `retry` asks for another attempt, when the config says.
@@ -691,6 +698,8 @@ impl Mount {
     pub const DEFAULT_CREDIT: u32 = 64;
     /// Default number of handlers running at once.
     pub const DEFAULT_CONCURRENCY: u32 = 8;
+    /// Default bound on an ordered mount's keys in flight.
+    pub const DEFAULT_MAX_KEYS: u32 = 10_000;
     /// Default time budget per delivery.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
     /// Default memory budget per instance.

@@ -168,10 +168,12 @@ pub(super) struct RawMount {
     pub(super) grants: RawGrants,
     #[serde(default, deserialize_with = "optional_size")]
     pub(super) max_message_size: Option<Spanned<u64>>,
-    pub(super) retry: Option<RetryChoice>,
-    pub(super) delay: Option<DelayChoice>,
+    pub(super) retry: Option<Spanned<RetryChoice>>,
+    pub(super) delay: Option<Spanned<DelayChoice>>,
     pub(super) outputs: Option<OutputsChoice>,
-    pub(super) retry_after_original: Option<RetryAfterOriginal>,
+    pub(super) retry_after_original: Option<Spanned<RetryAfterOriginal>>,
+    pub(super) order_by: Option<Spanned<OrderBy>>,
+    pub(super) max_keys: Option<Spanned<u32>>,
     pub(super) max_outputs: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     pub(super) max_output_bytes: Option<Spanned<u64>>,

@@ -190,6 +190,7 @@ impl AmqpMessage {
         Counters {
             delivery_count,
             retry_count: self.property(RETRY_COUNT_PROPERTY).and_then(as_u32),
+            in_place: 0,
         }
     }
 

@@ -57,6 +57,7 @@ pub fn policy_for(
             None => Disposition::Rejected,
         },
         rejected_requeues: kind.requeues_rejected(),
+        ordered: mount.order_by.is_some(),
     }
 }
 

@@ -18,6 +18,7 @@ fn policy(settle: Settle, max_attempts: Option<u32>, dead_letter: bool) -> Polic
         delay: DelayPath::Scheduled,
         retry_after_original: Disposition::Rejected,
         rejected_requeues: false,
+        ordered: false,
     }
 }
 
@@ -25,6 +26,7 @@ fn header(delivery_count: u32) -> Counters {
     Counters {
         delivery_count: Some(delivery_count),
         retry_count: None,
+        in_place: 0,
     }
 }
 
@@ -32,6 +34,7 @@ fn copy(retry_count: Option<u32>) -> Counters {
     Counters {
         delivery_count: None,
         retry_count,
+        in_place: 0,
     }
 }
 
@@ -81,6 +84,7 @@ fn attempt_numbers() {
     let redelivered_copy = Counters {
         delivery_count: Some(1),
         retry_count: Some(2),
+        in_place: 0,
     };
     assert_eq!(redelivered_copy.attempt(), 4);
     assert!(redelivered_copy.is_copy());
@@ -304,6 +308,7 @@ fn a_broker_that_counts_nothing_gets_copies_even_with_modified() {
     let last = Counters {
         delivery_count: Some(0),
         retry_count: Some(2),
+        in_place: 0,
     };
     assert_eq!(
         plan(&uncounted, &last, Outcome::Retry),
@@ -325,9 +330,10 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(settle, max_attempts, dead_letter, counted, modified, held, accept, requeues)| {
+            |(settle, max_attempts, dead_letter, counted, modified, held, accept, requeues, ordered)| {
                 Policy {
                     settle,
                     max_attempts,
@@ -350,6 +356,7 @@ fn any_policy() -> impl Strategy<Value = Policy> {
                         Disposition::Rejected
                     },
                     rejected_requeues: requeues,
+                    ordered,
                 }
             },
         )
@@ -362,7 +369,7 @@ fn dispositions(p: &Plan) -> Vec<Disposition> {
         Plan::PublishThenSettle {
             then, otherwise, ..
         } => vec![then, otherwise],
-        Plan::Presettled { .. } => vec![],
+        Plan::Presettled { .. } | Plan::RunAgain { .. } => vec![],
     }
 }
 
@@ -370,10 +377,12 @@ fn any_counters() -> impl Strategy<Value = Counters> {
     (
         proptest::option::of(0u32..10),
         proptest::option::of(0u32..10),
+        0u32..4,
     )
-        .prop_map(|(delivery_count, retry_count)| Counters {
+        .prop_map(|(delivery_count, retry_count, in_place)| Counters {
             delivery_count,
             retry_count,
+            in_place,
         })
 }
 
@@ -414,7 +423,7 @@ proptest! {
     ) {
         if let Some(Publish::Copy { retry_count, .. }) = plan(&policy, &counters, outcome).publish() {
             prop_assert_eq!(retry_count, counters.retry_count.unwrap_or(0) + 1);
-            let next = Counters { delivery_count: None, retry_count: Some(retry_count) };
+            let next = Counters { delivery_count: None, retry_count: Some(retry_count), in_place: 0 };
             prop_assert!(next.attempt() > counters.retry_count.unwrap_or(0) + 1);
         }
     }
@@ -472,6 +481,7 @@ proptest! {
 fn where_the_broker_puts_rejected_back_the_host_gives_up_a_delivery_itself() {
     let requeues = |max_attempts, dead_letter| Policy {
         rejected_requeues: true,
+        ordered: false,
         ..policy(ALO, max_attempts, dead_letter)
     };
     assert_eq!(
@@ -539,10 +549,12 @@ mod after_publish_vectors {
         delay: DelayPath::Scheduled,
         retry_after_original: Disposition::Rejected,
         rejected_requeues: false,
+        ordered: false,
     };
     const FIRST: Counters = Counters {
         delivery_count: Some(0),
         retry_count: None,
+        in_place: 0,
     };
 
     fn after(plan: &Plan, published: &Published) -> AfterPublish {
@@ -766,6 +778,7 @@ mod unhandled_vectors {
         );
         let requeues = Policy {
             rejected_requeues: true,
+            ordered: false,
             ..policy(ALO, None, false)
         };
         assert_eq!(
@@ -784,6 +797,7 @@ mod unhandled_vectors {
             );
             let requeues = Policy {
                 rejected_requeues: true,
+                ordered: false,
                 ..mount
             };
             assert_eq!(
@@ -834,7 +848,103 @@ mod unhandled_vectors {
                 }
                 Plan::PublishThenSettle { then, .. } => prop_assert_eq!(then, Disposition::Accepted),
                 Plan::Presettled { unsupported, .. } => prop_assert!(!unsupported),
+                Plan::RunAgain { .. } => prop_assert!(false, "an unread delivery is never run"),
             }
         }
+    }
+}
+
+// The ordering vectors (README, "Ordered mounts"): what each outcome does
+// to a delivery whose key is held. O8 and O9 are the sequencer's
+// (`crate::ordering`), O10–O12 are end to end only.
+
+fn ordered(max_attempts: Option<u32>, dead_letter: bool) -> Policy {
+    Policy {
+        ordered: true,
+        ..policy(ALO, max_attempts, dead_letter)
+    }
+}
+
+#[test]
+fn vector_o1_ordered_retry_below_limit_runs_again_in_place() {
+    let p = plan(&ordered(Some(3), true), &header(0), Outcome::Retry);
+    assert_eq!(p, Plan::RunAgain { delay: Duration::ZERO });
+    assert_eq!(p.publish(), None, "no copy to let later ones pass");
+}
+
+#[test]
+fn vector_o2_ordered_retry_after_holds_the_key_for_the_delay() {
+    for (attempts, delivery) in [(Some(3), header(0)), (None, copy(Some(4)))] {
+        let p = plan(&ordered(attempts, false), &delivery, Outcome::RetryAfter(SECOND));
+        assert_eq!(p, Plan::RunAgain { delay: SECOND });
+    }
+}
+
+#[test]
+fn vector_o3_in_place_attempts_count_toward_the_limit() {
+    let third = Counters {
+        in_place: 2,
+        ..header(0)
+    };
+    assert_eq!(third.attempt(), 3);
+    let p = plan(&ordered(Some(3), true), &third, Outcome::Retry);
+    assert_eq!(p, dead_letter_then_accept(), "at the limit: dead letter, key released");
+    let p = plan(&ordered(Some(3), false), &third, Outcome::RetryAfter(SECOND));
+    assert_eq!(p, settles(Disposition::Rejected));
+}
+
+#[test]
+fn vector_o4_ordered_dead_letter_address_without_limit_takes_the_first_retry() {
+    let p = plan(&ordered(None, true), &header(0), Outcome::Retry);
+    assert_eq!(p, dead_letter_then_accept());
+}
+
+#[test]
+fn vector_o5_ordered_ack_and_drop_settle_as_unordered() {
+    for outcome in [Outcome::Ack, Outcome::Drop] {
+        assert_eq!(
+            plan(&ordered(Some(3), true), &header(0), outcome),
+            plan(&policy(ALO, Some(3), true), &header(0), outcome)
+        );
+    }
+}
+
+#[test]
+fn vector_o6_ordered_outputs_not_delivered_run_again_in_place() {
+    let policy = ordered(Some(3), false);
+    let acked = plan(&policy, &header(0), Outcome::Ack).with_outputs(&policy);
+    let refused = Published::Refused {
+        reason: "no".into(),
+    };
+    let after = after_publish(&policy, &header(0), &acked, &refused);
+    assert_eq!(
+        after,
+        AfterPublish::Instead {
+            plan: Plan::RunAgain {
+                delay: Duration::ZERO
+            },
+            reason: "no".into()
+        }
+    );
+}
+
+#[test]
+fn vector_o7_a_failed_handler_on_an_ordered_mount_runs_again_in_place() {
+    // A trap, a time-out or garbage is planned as `retry` (vector 17).
+    let p = plan(&ordered(Some(2), false), &header(0), Outcome::Retry);
+    assert_eq!(p, Plan::RunAgain { delay: Duration::ZERO });
+}
+
+proptest! {
+    /// Below the limit an ordered mount neither copies nor hands back: both
+    /// would let the key's later deliveries pass.
+    #[test]
+    fn ordered_retries_never_leave_the_host(
+        policy in any_policy(), counters in any_counters(), outcome in any_outcome()
+    ) {
+        let policy = Policy { settle: ALO, ordered: true, ..policy };
+        let p = plan(&policy, &counters, outcome);
+        prop_assert!(!matches!(p.publish(), Some(Publish::Copy { .. })), "{:?}", p);
+        prop_assert!(!dispositions(&p).contains(&Disposition::Modified) || matches!(p, Plan::PublishThenSettle { .. }), "{:?}", p);
     }
 }
