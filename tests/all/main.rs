@@ -14,6 +14,7 @@ mod kubernetes;
 mod languages;
 mod limits;
 mod oci;
+mod ordering;
 mod outbox;
 mod poison;
 mod rabbitmq;

@@ -28,6 +28,7 @@ pub struct TestMessage {
     properties: Vec<(String, SimpleValue)>,
     reply_to: Option<String>,
     correlation_id: Option<String>,
+    group: Option<(String, u32)>,
 }
 
 impl TestMessage {
@@ -40,7 +41,14 @@ impl TestMessage {
             properties: Vec::new(),
             reply_to: None,
             correlation_id: None,
+            group: None,
         }
+    }
+
+    /// Sets `group-id` and `group-sequence`.
+    pub fn group(mut self, id: &str, sequence: u32) -> TestMessage {
+        self.group = Some((id.to_owned(), sequence));
+        self
     }
 
     /// Sets `reply-to`.
@@ -92,6 +100,8 @@ impl TestMessage {
             .properties(Properties {
                 reply_to: self.reply_to.clone(),
                 correlation_id: self.correlation_id.clone().map(MessageId::String),
+                group_id: self.group.as_ref().map(|(id, _)| id.clone()),
+                group_sequence: self.group.as_ref().map(|(_, sequence)| *sequence),
                 ..Properties::builder()
                     .message_id(self.id.clone())
                     .content_type("text/plain")

@@ -64,6 +64,9 @@ pub struct Metrics {
     failures: Family<KindLabels, Counter>,
     duration: Family<MountLabels, Histogram>,
     copies_pending: Family<MountLabels, Gauge>,
+    ordered_keys: Family<MountLabels, Gauge>,
+    ordered_waiting: Family<MountLabels, Gauge>,
+    ordered_oldest_wait: Family<MountLabels, Gauge<f64, AtomicU64>>,
     copies_published: Family<ResultLabels, Counter>,
     outputs_published: Family<ResultLabels, Counter>,
     dead_letters: Family<MountLabels, Counter>,
@@ -112,6 +115,21 @@ impl Metrics {
             &mut registry,
             "copies_pending",
             "Delayed copies waiting for their time",
+        );
+        let ordered_keys = registered(
+            &mut registry,
+            "ordered_keys",
+            "Keys of an ordered mount with a delivery running or waiting (at most max_keys)",
+        );
+        let ordered_waiting = registered(
+            &mut registry,
+            "ordered_waiting",
+            "Deliveries of an ordered mount waiting behind the running one of their key",
+        );
+        let ordered_oldest_wait = registered(
+            &mut registry,
+            "ordered_oldest_wait_seconds",
+            "How long the delivery of an ordered mount waiting longest for its key has waited",
         );
         let copies_published = registered(
             &mut registry,
@@ -231,6 +249,9 @@ impl Metrics {
             failures,
             duration,
             copies_pending,
+            ordered_keys,
+            ordered_waiting,
+            ordered_oldest_wait,
             copies_published,
             outputs_published,
             dead_letters,
@@ -486,6 +507,21 @@ impl MountMetrics {
             .copies_pending
             .get_or_create(&self.labels)
             .inc_by(change);
+    }
+
+    /// An ordered mount's keys, as they are now.
+    pub(crate) fn keys(&self, now: &crate::tenants::KeysNow) {
+        let gauge = |family: &Family<MountLabels, Gauge>, n: usize| {
+            family
+                .get_or_create(&self.labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        gauge(&self.metrics.ordered_keys, now.keys);
+        gauge(&self.metrics.ordered_waiting, now.waiting);
+        self.metrics
+            .ordered_oldest_wait
+            .get_or_create(&self.labels)
+            .set(now.oldest.as_secs_f64());
     }
 
     /// A copy published, or not.

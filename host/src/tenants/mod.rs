@@ -26,6 +26,7 @@ use crate::sandbox::{
 };
 use crate::telemetry::{Exporter, Settings, Telemetry};
 use control::{Command, Control};
+pub(crate) use mount::KeysNow;
 use wharf_core::config::Config;
 
 /// How long a stopping host waits for its last spans to be exported.

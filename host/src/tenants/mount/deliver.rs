@@ -5,13 +5,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::context::MountContext;
 use super::report::{DeliveryReport, HandlerResult, Handling};
-use super::settle::{self, Arrived, Settler};
+use super::order::WaitTurn;
+use super::settle::{self, Arrived, Settled, Settler};
 use crate::broker::Inbound;
 use crate::sandbox::{Call, Reserved};
 use crate::tenants::budget::Room;
@@ -20,14 +21,29 @@ use wharf_core::message::{self, DeliveryContext};
 use wharf_core::settlement::{self, Counters, Disposition, Outcome, Plan, Publish};
 use wharf_core::trace::TraceContext;
 
+/// How a delivery gets one of the mount's `concurrency` handler slots.
+pub(super) enum Slot {
+    /// Taken ahead by the receive loop.
+    Taken(Option<OwnedSemaphorePermit>),
+    /// Taken by the delivery itself once its key's turn comes (an ordered
+    /// mount; no turn for a message without a key), and again for each
+    /// attempt it runs in place.
+    InTurn {
+        /// Its place in its key's line, and the key as shown.
+        turn: Option<(WaitTurn, String)>,
+        handlers: Arc<Semaphore>,
+    },
+}
+
 /// Runs the handler on one delivery and carries out the plan for its
-/// outcome. `handler_slot`, one of the mount's `concurrency`, is given
-/// back as soon as the handler has returned.
+/// outcome; on an ordered mount, runs it again in place while the plan
+/// says so. The handler slot is given back as soon as the handler has
+/// returned; a key's turn once the delivery is settled.
 pub(super) async fn handle(
     context: Arc<MountContext>,
     settler: Settler,
     inbound: Inbound,
-    handler_slot: Option<OwnedSemaphorePermit>,
+    slot: Slot,
     room: Room,
     flush: CancellationToken,
 ) {
@@ -42,44 +58,35 @@ pub(super) async fn handle(
         .retry_key
         .as_ref()
         .is_some_and(|key| message.unsealed_count_dropped(key));
-    let counters = message.counters();
+    let mut counters = message.counters();
     let publisher = TraceContext::of(&message);
     let (mut report, trace, span) =
         DeliveryReport::open(&context, &message, counters, publisher, unsealed);
     async move {
-        // Room in the tenant's budgets first, then an instance of the module
-        // current at that moment (it may be replaced while this one waits).
-        // Waiting for either is back-pressure: it never costs an attempt.
-        let mut admission = spec.tenant.admit().await;
-        let instance = spec.module.current().reserve().await;
-        let instances = instance.instances().clone();
-        report.started(instances.module());
-        let started = Instant::now();
-        // The instance's memory stays counted in the tenant's budget until
-        // the delivery is settled.
-        let instance = instance.traced(trace.as_ref(), &spec.telemetry);
-        let call = run_handler(
-            &context,
-            instance,
-            &message,
-            counters.attempt(),
-            trace.as_ref(),
-        );
-        let Call {
-            result,
-            outputs,
-            memory: _memory,
-        } = call.await;
-        let took = started.elapsed();
-        drop(handler_slot);
-        report.ran(instances.module(), &result, instances.take_output_dropped());
-        let outcome = outcome_of(&result, spec.config.max_retry_delay);
-        spec.note_attempt(&message, &counters);
-        let plan = plan_for(&context, &counters, outcome, !outputs.is_empty());
-        if matches!(plan.publish(), Some(Publish::Copy { delay, .. }) if !delay.is_zero()) {
-            admission.release_running();
-        }
-        let arrived = Arrived {
+        let (mut handler_slot, handlers, _turn) = match slot {
+            Slot::Taken(permit) => (permit, None, None),
+            Slot::InTurn { turn, handlers } => {
+                let turn = match turn {
+                    Some((wait, key)) => {
+                        report.keyed(&key);
+                        // A stop leaves what has not run to the broker.
+                        let Some(turn) = flush.run_until_cancelled(wait.wait()).await else {
+                            return;
+                        };
+                        Some(turn)
+                    }
+                    None => None,
+                };
+                let Some(permit) = flush
+                    .run_until_cancelled(handlers.clone().acquire_owned())
+                    .await
+                else {
+                    return;
+                };
+                (permit.ok(), Some(handlers), turn)
+            }
+        };
+        let mut arrived = Arrived {
             info,
             message: Some(&message),
             payload: &payload,
@@ -87,20 +94,84 @@ pub(super) async fn handle(
             trace: trace.as_ref(),
             unread: None,
         };
-        let settled = settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await;
-        if settled.disposition == Some(Disposition::Modified) {
-            spec.note_modified(&message, counters.attempt());
+        loop {
+            // Room in the tenant's budgets first, then an instance of the
+            // module current at that moment (it may be replaced while this
+            // one waits). Waiting for either is back-pressure: it never
+            // costs an attempt.
+            let mut admission = spec.tenant.admit().await;
+            let instance = spec.module.current().reserve().await;
+            let instances = instance.instances().clone();
+            report.started(instances.module());
+            let started = Instant::now();
+            // The instance's memory stays counted in the tenant's budget
+            // until the delivery is settled.
+            let instance = instance.traced(trace.as_ref(), &spec.telemetry);
+            let call = run_handler(
+                &context,
+                instance,
+                &message,
+                counters.attempt(),
+                trace.as_ref(),
+            );
+            let Call {
+                result,
+                outputs,
+                memory: _memory,
+            } = call.await;
+            let took = started.elapsed();
+            drop(handler_slot.take());
+            report.ran(instances.module(), &result, instances.take_output_dropped());
+            let outcome = outcome_of(&result, spec.config.max_retry_delay);
+            spec.note_attempt(&message, &counters);
+            let plan = plan_for(&context, &counters, outcome, !outputs.is_empty());
+            if matches!(plan.publish(), Some(Publish::Copy { delay, .. }) if !delay.is_zero()) {
+                admission.release_running();
+            }
+            arrived.counters = counters;
+            let settled = match plan {
+                Plan::RunAgain { .. } => Settled::default(),
+                _ => settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await,
+            };
+            if settled.disposition == Some(Disposition::Modified) {
+                spec.note_modified(&message, counters.attempt());
+            }
+            let again = match settled.instead.unwrap_or(plan) {
+                Plan::RunAgain { delay } => Some(delay),
+                _ => None,
+            };
+            report.handled(Handling {
+                result,
+                outcome,
+                plan,
+                instead: settled.instead,
+                disposition: settled.disposition,
+                error: settled.error,
+                took,
+            });
+            drop(admission);
+            let (Some(delay), Some(handlers)) = (again, &handlers) else {
+                break;
+            };
+            // The key waits out the delay with the delivery unsettled; a
+            // stop meanwhile hands it back, counted where the broker counts.
+            counters.in_place += 1;
+            report.again(counters);
+            let waited = flush
+                .run_until_cancelled(async {
+                    tokio::time::sleep(delay).await;
+                    handlers.clone().acquire_owned().await
+                })
+                .await;
+            match waited {
+                Some(permit) => handler_slot = permit.ok(),
+                None => {
+                    let keep = Plan::Settle(context.policy().keep());
+                    settle::carry_out(&context, &settler, &arrived, keep, &[], &flush).await;
+                    break;
+                }
+            }
         }
-        report.handled(Handling {
-            result,
-            outcome,
-            plan,
-            instead: settled.instead,
-            disposition: settled.disposition,
-            error: settled.error,
-            took,
-        });
-        drop(admission);
         drop(room);
     }
     .instrument(span)

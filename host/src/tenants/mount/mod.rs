@@ -11,6 +11,7 @@
 mod attach;
 mod context;
 mod deliver;
+mod order;
 mod receive;
 mod report;
 mod settle;
@@ -35,6 +36,7 @@ use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owne
 use crate::sync::{Locked, ReadWrite};
 use crate::telemetry::Telemetry;
 pub(crate) use attach::AttachedMount;
+pub(crate) use order::KeysNow;
 use attach::Links;
 use wharf_core::backoff::{Backoff, BackoffPolicy};
 use wharf_core::brokers::QueueKind;

@@ -17,6 +17,8 @@ use std::pin::Pin;
 use super::MountSpec;
 use super::attach::AttachedMount;
 use super::context::MountContext;
+use super::deliver::Slot;
+use super::order::Turns;
 use super::settle::{self, Arrived, NotSettled, SettleRequest, Settler};
 use super::{deliver, report};
 use crate::broker::{BrokerError, Inbound, Received, Subscription, Unread};
@@ -53,6 +55,11 @@ impl AttachedMount {
             flush: &flush,
             handlers: Arc::new(Semaphore::new(spec.config.concurrency as usize)),
             unsettled: Arc::new(Semaphore::new(spec.credit() as usize)),
+            turns: spec
+                .config
+                .order_by
+                .as_ref()
+                .map(|_| Turns::new(spec.config.max_keys)),
         };
         let mut tasks = JoinSet::new();
         let mut intake = Intake::default();
@@ -119,19 +126,25 @@ async fn receive(
     stop: CancellationToken,
 ) -> Option<BrokerError> {
     let (handlers, unsettled) = (&handling.handlers, &handling.unsettled);
+    let turns = handling.turns.as_deref();
+    // An ordered mount's deliveries take their handler slot once their
+    // key's turn comes: one waiting for its turn must not hold one.
+    let slots_ahead = turns.is_none();
     let mut prune = tokio::time::interval(PRUNE_EVERY);
     // Made once: a cancellation future registers itself when polled.
     let stopped = stop.cancelled();
     tokio::pin!(stopped, sender_failed);
     loop {
         // The common case needs no wait: the slots are free.
-        if intake.handler_slot.is_none() {
+        if slots_ahead && intake.handler_slot.is_none() {
             intake.handler_slot = handlers.clone().try_acquire_owned().ok();
         }
         if intake.unsettled_slot.is_none() {
             intake.unsettled_slot = unsettled.clone().try_acquire_owned().ok();
         }
-        let ready = intake.handler_slot.is_some()
+        let keys_full = turns.is_some_and(Turns::full);
+        let ready = (intake.handler_slot.is_some() || !slots_ahead)
+            && !keys_full
             && intake.unsettled_slot.is_some()
             && intake.admitting.is_none();
         tokio::select! {
@@ -140,8 +153,14 @@ async fn receive(
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => report::panicked(joined),
             () = &mut stopped => return None,
             failed = &mut sender_failed => return Some(failed),
-            _ = prune.tick() => handling.context.spec.module.current().prune_idle(),
-            permit = handlers.clone().acquire_owned(), if intake.handler_slot.is_none() => {
+            _ = prune.tick() => {
+                handling.context.spec.module.current().prune_idle();
+                if let Some(turns) = turns {
+                    handling.context.spec.metrics.keys(&turns.now());
+                }
+            }
+            () = async { turns.expect("guarded").freed().await }, if keys_full => {}
+            permit = handlers.clone().acquire_owned(), if slots_ahead && intake.handler_slot.is_none() => {
                 intake.handler_slot = permit.ok();
             }
             permit = unsettled.clone().acquire_owned(), if intake.unsettled_slot.is_none() => {
@@ -202,6 +221,8 @@ struct Handling<'a> {
     /// original keeps its place); once a delivery's size is known it also
     /// waits for room for its bytes in the tenant's and the host's budgets.
     unsettled: Arc<Semaphore>,
+    /// An ordered mount's keys.
+    turns: Option<Arc<Turns>>,
 }
 
 impl Handling<'_> {
@@ -213,11 +234,19 @@ impl Handling<'_> {
         handler_slot: Option<OwnedSemaphorePermit>,
         room: Room,
     ) {
+        let slot = match (&self.turns, &self.context.spec.config.order_by) {
+            (Some(turns), Some(order_by)) => Slot::InTurn {
+                turn: wharf_core::ordering::key_of(order_by, &inbound.message)
+                    .map(|(key, shown)| (turns.arrive(key), shown)),
+                handlers: self.handlers.clone(),
+            },
+            _ => Slot::Taken(handler_slot),
+        };
         let handle = deliver::handle(
             self.context.clone(),
             self.settler.clone(),
             *inbound,
-            handler_slot,
+            slot,
             room,
             self.flush.clone(),
         );

@@ -217,8 +217,25 @@ impl DeliveryReport {
         }
     }
 
-    /// The delivery's plan was carried out: everything about it is told.
-    pub(super) fn handled(mut self, handled: Handling) {
+    /// The key of an ordered mount's delivery, as shown.
+    pub(super) fn keyed(&mut self, key: &str) {
+        if let Some(span) = &mut self.process {
+            span.set("wharf.order.key", key);
+        }
+    }
+
+    /// The delivery runs again in place (an ordered mount), with
+    /// `counters`.
+    pub(super) fn again(&mut self, counters: Counters) {
+        self.counters = counters;
+        if let Some(span) = &mut self.process {
+            span.set("wharf.attempt", i64::from(counters.attempt()));
+        }
+    }
+
+    /// The delivery's plan was carried out (or, on an ordered mount, says
+    /// to run it again): everything about this attempt is told.
+    pub(super) fn handled(&mut self, handled: Handling) {
         let Handling {
             result,
             outcome,
@@ -252,7 +269,7 @@ impl DeliveryReport {
             }
         }
         spec.metrics.handled(outcome, disposition, took);
-        let module_version = self.module_version.take().unwrap_or_default();
+        let module_version = self.module_version.clone().unwrap_or_default();
         if let Some(span) = &mut self.process {
             span.set("wharf.module.version", module_version.to_string());
             span.set("wharf.outcome", outcome.to_string());
@@ -283,7 +300,7 @@ impl DeliveryReport {
         let _ = spec.events.send(Event::Handled(Handled {
             tenant: spec.tags.tenant.clone(),
             mount: spec.tags.mount.clone(),
-            message_id: self.message_id.take(),
+            message_id: self.message_id.clone(),
             attempt: self.counters.attempt(),
             counters: self.counters,
             module_version,
@@ -401,6 +418,14 @@ fn fate(
         }
         (None, Outcome::Drop) => "dropped it".to_owned(),
     };
+    if let Plan::RunAgain { delay } = plan {
+        let when = if delay.is_zero() {
+            "at once".to_owned()
+        } else {
+            format!("after {}", humantime::format_duration(*delay))
+        };
+        return format!("{said}; it runs again {when}, in place, holding its key");
+    }
     let settled = match disposition {
         Some(Disposition::Accepted) => "accepted",
         Some(Disposition::Modified) => "handed back for redelivery (modified)",

@@ -99,6 +99,7 @@ pub(super) struct Arrived<'a> {
 }
 
 /// How a delivery's plan went.
+#[derive(Default)]
 pub(super) struct Settled {
     /// The disposition sent, if any.
     pub(super) disposition: Option<Disposition>,

@@ -1,0 +1,256 @@
+//! Ordered mounts (`order_by`) on real brokers: each key's deliveries are
+//! handled one at a time in the order they were published while keys run
+//! side by side, and a failing head holds its key alone: the ordering
+//! vectors O10–O12 of the README.
+
+use std::collections::{BTreeMap, HashMap};
+
+use wharf::events::{Event, Handled};
+use wharf_core::settlement::{Plan, Publish};
+
+use crate::client::{Client, TestMessage, body_bytes};
+use crate::poison::take;
+use crate::{
+    MountToml, TestHost, activemq_url, artemis_url, qpid_url, rabbitmq4_shared, rabbitmq4_url,
+    unique,
+};
+use fe2o3_amqp::types::primitives::SimpleValue;
+use wharf_tests::rabbitmq4::{declare, delete};
+
+const SCRIPT: &str = "fixture_script";
+
+/// A mount of the script fixture on `address`, ordered by `order_by`,
+/// that may send to `out`.
+fn ordered(address: &str, order_by: &str, out: &str, extra: &[&str]) -> MountToml {
+    let mut mount = MountToml::new("m", SCRIPT, address)
+        .with(&format!("order_by = \"{order_by}\""))
+        .with("concurrency = 16");
+    for line in extra {
+        mount = mount.with(line);
+    }
+    mount
+        .with("[tenant.mount.grants]")
+        .with(&format!("send = [\"{out}\"]"))
+        .with("clocks = true")
+}
+
+/// Message `seq` of key `key`: its id and body are `KEY.SEQ`, it carries
+/// the key as property `key` and as its group, and its script says what
+/// the handler does before it sends its body on to `out`.
+fn keyed(key: &str, seq: u32, script: &str) -> TestMessage {
+    let id = format!("{key}.{seq}");
+    TestMessage::new(&id, &id)
+        .header(0)
+        .group(key, seq)
+        .property("key", SimpleValue::String(key.to_owned()))
+        .script(script)
+}
+
+/// A small pseudo-random number below `n` for `i`: handler times that
+/// differ from message to message, the same on every run.
+fn spread(i: u32, n: u32) -> u32 {
+    (i.wrapping_mul(2_654_435_761) >> 16) % n.max(1)
+}
+
+/// Publishes `per_key` messages for each of `keys` keys, interleaved, each
+/// handled for a few milliseconds and sent on to `out`; reads them back
+/// from `out` and checks each key's come out in published order, each once.
+async fn in_order(
+    url: &str,
+    queue: &str,
+    out: &str,
+    order_by: &str,
+    keys: u32,
+    per_key: u32,
+) -> anyhow::Result<()> {
+    let mut client = Client::connect(url).await?;
+    let host = TestHost::start(url, &[ordered(queue, order_by, out, &["credit = 256"])]).await?;
+    let mut messages = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            let busy = spread(seq * keys + k, 3);
+            messages.push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
+        }
+    }
+    client.publish_many(queue, messages).await?;
+    let mut watch = client.watch(out).await?;
+    let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for _ in 0..keys * per_key {
+        let (_, message) = watch.next().await?;
+        let body = String::from_utf8(body_bytes(&message))?;
+        let (key, seq) = body
+            .split_once('.')
+            .ok_or_else(|| anyhow::anyhow!("not KEY.SEQ: {body:?}"))?;
+        seen.entry(key.to_owned()).or_default().push(seq.parse()?);
+    }
+    watch.close().await;
+    assert_eq!(seen.len(), keys as usize);
+    let expected: Vec<u32> = (0..per_key).collect();
+    for (key, sequence) in &seen {
+        assert_eq!(sequence, &expected, "key {key} out of order or not once each");
+    }
+    // Nothing more came out: no duplicates.
+    let marker = format!("{out}.marker");
+    client.publish(out, TestMessage::new(&marker, "x")).await?;
+    assert_eq!(take(&mut client, out, 1).await?, [marker], "{out} held more");
+    host.stop().await?;
+    client.close().await;
+    println!("ordered by {order_by}: {keys} keys x {per_key}, concurrency 16: every key in order, once");
+    Ok(())
+}
+
+#[tokio::test]
+async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_artemis()
+-> anyhow::Result<()> {
+    let queue = unique("ordered");
+    in_order(&artemis_url(), &queue, &format!("{queue}.out"), "group-id", 100, 100).await
+}
+
+#[tokio::test]
+async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_rabbitmq4()
+-> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    let (queue, out) = (unique("ordered"), unique("ordered-out"));
+    declare(&queue, "quorum", "").await?;
+    declare(&out, "classic", "").await?;
+    let result = in_order(
+        &rabbitmq4_url(),
+        &format!("/queues/{queue}"),
+        &format!("/queues/{out}"),
+        "property:key",
+        100,
+        100,
+    )
+    .await;
+    delete(&queue).await?;
+    delete(&out).await?;
+    result
+}
+
+#[tokio::test]
+async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_activemq()
+-> anyhow::Result<()> {
+    let queue = unique("ordered");
+    in_order(&activemq_url(), &queue, &format!("{queue}.out"), "group-id", 100, 100).await
+}
+
+#[tokio::test]
+async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_broker_j()
+-> anyhow::Result<()> {
+    let queue = unique("ordered");
+    in_order(&qpid_url(), &queue, &format!("{queue}.out"), "property:key", 100, 100).await
+}
+
+/// What became of each attempt of each delivery, in the order the host
+/// told it: `(id, attempt, plan)`.
+type Told = Vec<(String, u32, Plan)>;
+
+/// Publishes `keys` keys of `per_key` messages, of which key `k0`'s first
+/// one runs `head`; the mount gives up after 3 attempts. Returns the
+/// attempts as the host told them, once every delivery is settled.
+async fn a_failing_head(head: &str, extra: &[&str], keys: u32, per_key: u32) -> anyhow::Result<Told> {
+    let url = artemis_url();
+    let queue = unique("ordered-head");
+    let (out, dlq) = (format!("{queue}.out"), format!("{queue}.dlq"));
+    let mut lines = vec!["max_attempts = 3".to_owned(), format!("dead_letter = \"{dlq}\"")];
+    lines.extend(extra.iter().map(|l| (*l).to_owned()));
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let mut client = Client::connect(&url).await?;
+    let mut host = TestHost::start(&url, &[ordered(&queue, "property:key", &out, &lines)]).await?;
+    let mut messages = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            let script = if (k, seq) == (0, 0) {
+                head.to_owned()
+            } else {
+                format!("*:send={out}")
+            };
+            messages.push(keyed(&format!("k{k}"), seq, &script).build());
+        }
+    }
+    client.publish_many(&queue, messages).await?;
+    let mut told = Told::new();
+    let mut settled = 0;
+    while settled < keys * per_key {
+        let Handled {
+            message_id,
+            attempt,
+            plan,
+            ..
+        } = host
+            .next(|e| match e {
+                Event::Handled(h) => Some(h.clone()),
+                _ => None,
+            })
+            .await?;
+        if !matches!(plan, Plan::RunAgain { .. }) {
+            settled += 1;
+        }
+        told.push((message_id.unwrap_or_default(), attempt, plan));
+    }
+    assert_eq!(take(&mut client, &dlq, 1).await?, ["k0.0"], "the head is dead-lettered");
+    host.stop().await?;
+    client.close().await;
+    Ok(told)
+}
+
+/// The checks every failing head must pass: the head ran 3 times and was
+/// dead-lettered; its key's later deliveries ran after it, in order, once
+/// each; every other key's ran in order too. Returns how many deliveries
+/// of other keys were settled while the head held its key.
+fn key_held(told: &Told, keys: u32, per_key: u32) -> usize {
+    let head: Vec<_> = told.iter().filter(|(id, ..)| id == "k0.0").collect();
+    let attempts: Vec<u32> = head.iter().map(|(_, a, _)| *a).collect();
+    assert_eq!(attempts, [1, 2, 3], "{head:?}");
+    assert!(matches!(head[0].2, Plan::RunAgain { .. }) && matches!(head[1].2, Plan::RunAgain { .. }));
+    assert_eq!(head[2].2.publish(), Some(Publish::DeadLetter), "{head:?}");
+    let position = |id: &str| told.iter().position(|(i, ..)| i == id);
+    let first = position("k0.0").expect("head told");
+    let last = told.iter().rposition(|(i, ..)| i == "k0.0").expect("head told");
+    let mut by_key: HashMap<&str, Vec<u32>> = HashMap::new();
+    for (id, _, plan) in told {
+        if matches!(plan, Plan::RunAgain { .. }) {
+            continue;
+        }
+        let (key, seq) = id.split_once('.').expect("KEY.SEQ");
+        by_key.entry(key).or_default().push(seq.parse().expect("a number"));
+    }
+    let expected: Vec<u32> = (0..per_key).collect();
+    assert_eq!(by_key.len(), keys as usize);
+    for (key, sequence) in &by_key {
+        assert_eq!(sequence, &expected, "key {key}");
+    }
+    // Nothing of the held key between its head's first and last attempts.
+    assert!(
+        told[first..last].iter().all(|(id, ..)| id == "k0.0" || !id.starts_with("k0.")),
+        "a later delivery of k0 overtook its head"
+    );
+    told[first..last].iter().filter(|(id, ..)| !id.starts_with("k0.")).count()
+}
+
+#[tokio::test]
+async fn a_head_retried_to_its_limit_holds_only_its_own_key_on_artemis() -> anyhow::Result<()> {
+    let (keys, per_key) = (10, 10);
+    for (head, extra) in [
+        ("*:retry", &[][..]),
+        ("*:trap", &[][..]),
+        ("*:spin", &["timeout = \"300ms\""][..]),
+    ] {
+        let told = a_failing_head(head, extra, keys, per_key).await?;
+        let others = key_held(&told, keys, per_key);
+        println!("head `{head}`: 3 attempts in place, dead-lettered; {others} deliveries of other keys settled meanwhile");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_head_retried_after_a_delay_holds_its_key_while_the_others_finish_on_artemis()
+-> anyhow::Result<()> {
+    let (keys, per_key) = (10, 10);
+    // Two waits of 3 s: long enough for the other 90 to pass.
+    let told = a_failing_head("*:after=3000", &[], keys, per_key).await?;
+    let others = key_held(&told, keys, per_key);
+    assert_eq!(others, ((keys - 1) * per_key) as usize, "the other keys waited for k0");
+    println!("head `retry-after 3s`: held its key 6 s; all {others} deliveries of the other keys settled meanwhile");
+    Ok(())
+}
