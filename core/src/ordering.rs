@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
+use crate::brokers::BrokerKind;
 use crate::message::AmqpMessage;
 use crate::text::shown_up_to;
 
@@ -57,6 +58,27 @@ impl<'de> Deserialize<'de> for OrderBy {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OrderBy, D::Error> {
         let text = String::deserialize(d)?;
         OrderBy::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What order a mount ordered by `order_by` keeps across replicas (more
+/// than one wharf on its queue) on a broker of `kind`, as `wharf check`
+/// and the attach log say it. Within one host a key is always one at a
+/// time, in the order the broker delivered.
+pub fn across_replicas(order_by: &OrderBy, kind: BrokerKind) -> &'static str {
+    match (order_by, kind) {
+        (OrderBy::GroupId, BrokerKind::Artemis | BrokerKind::ActiveMqClassic) => {
+            "across replicas too: the broker's message groups give each group-id to one consumer at a time"
+        }
+        (OrderBy::Property(_), BrokerKind::Artemis | BrokerKind::ActiveMqClassic) => {
+            "within this host only: the broker groups by group-id, not by this property; have publishers set group-id to the key and order by group-id, or run one replica"
+        }
+        (_, BrokerKind::RabbitMq) => {
+            "within this host only: RabbitMQ has no message groups; run one replica, declare the queue with x-single-active-consumer, or spread keys with a consistent-hash exchange over queues with one mount each"
+        }
+        (_, BrokerKind::QpidBrokerJ | BrokerKind::Other) => {
+            "within this host only: wharf relies on no message groups there; run one replica, or one consumer on the queue"
+        }
     }
 }
 

@@ -72,7 +72,10 @@ fn summary(tenant: &Tenant, mount: &Mount) -> String {
         Some(DelayChoice::Held) => "held",
         None => "auto",
     };
-    line += &format!(", retry {retry}, retry-after {delay}");
+    match &mount.order_by {
+        Some(order_by) => line += &format!(", ordered by {order_by}, retries in place"),
+        None => line += &format!(", retry {retry}, retry-after {delay}"),
+    }
     if let Some(dead_letter) = &mount.dead_letter {
         line += &format!(", dead letters to `{dead_letter}`");
     }
@@ -163,8 +166,15 @@ fn explain(tenant: &Tenant, mount: &Mount) -> String {
         ),
         None => String::new(),
     };
+    let retries = match &mount.order_by {
+        Some(order_by) => format!(
+            "ordered by {order_by}: one delivery of a key at a time, in the order delivered, keys side by side (at most {}); retry and retry-after run again in place, holding the key; across replicas: see `--connect`",
+            mount.max_keys
+        ),
+        None => format!("retry: {retry}; retry-after: {delay}"),
+    };
     format!(
-        "{}/{}: {} on `{}`{topic}; retry: {retry}; retry-after: {delay}{outputs}{http}",
+        "{}/{}: {} on `{}`{topic}; {retries}{outputs}{http}",
         tenant.name, mount.name, mount.settle, mount.address
     )
 }
@@ -174,6 +184,15 @@ fn explain(tenant: &Tenant, mount: &Mount) -> String {
 /// reason where the broker's kind decides.
 fn chosen(mount: &Mount, offers: &BrokerOffers, links: LinkOffers) -> String {
     let kind = offers.kind();
+    let outputs = if outputs_in_transactions(mount, kind) {
+        "; outputs in transactions"
+    } else {
+        ""
+    };
+    if let Some(order_by) = &mount.order_by {
+        let across = wharf_core::ordering::across_replicas(order_by, kind);
+        return format!("ordered by {order_by}, retries in place; order kept {across}{outputs}");
+    }
     let policy = policy_for(mount, kind, links, None);
     let retry = match policy.retry {
         _ if mount.retry.is_none() && kind == BrokerKind::RabbitMq && links.modified_supported => {
@@ -194,11 +213,6 @@ fn chosen(mount: &Mount, offers: &BrokerOffers, links: LinkOffers) -> String {
     let original = policy.retry_after_original.as_str();
     let gives_up = if policy.rejected_requeues {
         "; the broker puts `rejected` back, so the host gives messages up"
-    } else {
-        ""
-    };
-    let outputs = if outputs_in_transactions(mount, kind) {
-        "; outputs in transactions"
     } else {
         ""
     };

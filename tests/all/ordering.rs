@@ -20,11 +20,12 @@ use wharf_tests::rabbitmq4::{declare, delete};
 const SCRIPT: &str = "fixture_script";
 
 /// A mount of the script fixture on `address`, ordered by `order_by`,
-/// that may send to `out`.
+/// that may send to `out` (16 handlers at once unless `extra` says).
 fn ordered(address: &str, order_by: &str, out: &str, extra: &[&str]) -> MountToml {
-    let mut mount = MountToml::new("m", SCRIPT, address)
-        .with(&format!("order_by = \"{order_by}\""))
-        .with("concurrency = 16");
+    let mut mount = MountToml::new("m", SCRIPT, address).with(&format!("order_by = \"{order_by}\""));
+    if !extra.iter().any(|line| line.starts_with("concurrency")) {
+        mount = mount.with("concurrency = 16");
+    }
     for line in extra {
         mount = mount.with(line);
     }
@@ -141,6 +142,76 @@ async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_brok
     in_order(&qpid_url(), &queue, &format!("{queue}.out"), "property:key", 100, 100).await
 }
 
+/// Two hosts on one queue ordered by group-id, 20 keys: the broker's
+/// message groups give each key to one of them, so no key is ever in both;
+/// and each key's messages come out in order.
+async fn two_hosts(url: &str) -> anyhow::Result<()> {
+    let queue = unique("ordered-two");
+    let out = format!("{queue}.out");
+    let (keys, per_key) = (20, 20);
+    let mount = ordered(&queue, "group-id", &out, &["concurrency = 4"]);
+    // Each config has a container-id of its own.
+    let mut hosts = Vec::new();
+    for _ in 0..2 {
+        hosts.push(TestHost::start(url, std::slice::from_ref(&mount)).await?);
+    }
+    let mut client = Client::connect(url).await?;
+    let mut messages = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            let busy = spread(seq * keys + k, 3);
+            messages.push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
+        }
+    }
+    client.publish_many(&queue, messages).await?;
+    let mut watch = client.watch(&out).await?;
+    let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for _ in 0..keys * per_key {
+        let (_, message) = watch.next().await?;
+        let body = String::from_utf8(body_bytes(&message))?;
+        let (key, seq) = body
+            .split_once('.')
+            .ok_or_else(|| anyhow::anyhow!("not KEY.SEQ: {body:?}"))?;
+        seen.entry(key.to_owned()).or_default().push(seq.parse()?);
+    }
+    watch.close().await;
+    let expected: Vec<u32> = (0..per_key).collect();
+    for (key, sequence) in &seen {
+        assert_eq!(sequence, &expected, "key {key} out of order or not once each");
+    }
+    let mut owners: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, host) in hosts.iter_mut().enumerate() {
+        for handled in host.handled_so_far() {
+            let id = handled.message_id.unwrap_or_default();
+            let key = id.split_once('.').map_or(id.clone(), |(k, _)| k.to_owned());
+            let hosts = owners.entry(key).or_default();
+            if !hosts.contains(&i) {
+                hosts.push(i);
+            }
+        }
+    }
+    let shared: Vec<_> = owners.iter().filter(|(_, h)| h.len() > 1).collect();
+    assert!(shared.is_empty(), "keys handled by both hosts: {shared:?}");
+    let by_a = owners.values().filter(|h| h == &&[0]).count();
+    assert!(by_a > 0 && by_a < keys as usize, "one host took every key: {owners:?}");
+    for host in hosts {
+        host.stop().await?;
+    }
+    client.close().await;
+    println!("two hosts, {keys} keys x {per_key}: {by_a} keys in one, {} in the other, none in both, every key in order", keys as usize - by_a);
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_hosts_never_share_a_key_on_artemis() -> anyhow::Result<()> {
+    two_hosts(&artemis_url()).await
+}
+
+#[tokio::test]
+async fn two_hosts_never_share_a_key_on_activemq() -> anyhow::Result<()> {
+    two_hosts(&activemq_url()).await
+}
+
 /// What became of each attempt of each delivery, in the order the host
 /// told it: `(id, attempt, plan)`.
 type Told = Vec<(String, u32, Plan)>;
@@ -252,5 +323,48 @@ async fn a_head_retried_after_a_delay_holds_its_key_while_the_others_finish_on_a
     let others = key_held(&told, keys, per_key);
     assert_eq!(others, ((keys - 1) * per_key) as usize, "the other keys waited for k0");
     println!("head `retry-after 3s`: held its key 6 s; all {others} deliveries of the other keys settled meanwhile");
+    Ok(())
+}
+
+#[tokio::test]
+async fn at_max_keys_the_mount_takes_no_more_until_a_key_is_done_on_artemis()
+-> anyhow::Result<()> {
+    let url = artemis_url();
+    let queue = unique("ordered-keys");
+    let out = format!("{queue}.out");
+    let (keys, per_key, max_keys) = (50, 4, 4);
+    let mount = ordered(&queue, "property:key", &out, &[&format!("max_keys = {max_keys}")]);
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let mut client = Client::connect(&url).await?;
+    let mut messages = Vec::new();
+    for k in 0..keys {
+        for seq in 0..per_key {
+            messages.push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy=5")).build());
+        }
+    }
+    client.publish_many(&queue, messages).await?;
+    // Handlers running at once, from the host's own account: 16 may run,
+    // but no more keys than `max_keys` are taken, one delivery each.
+    let (mut running, mut most, mut settled) = (0usize, 0usize, 0);
+    while settled < keys * per_key {
+        match host.next_event().await? {
+            Event::Started { .. } => {
+                running += 1;
+                most = most.max(running);
+            }
+            Event::Handled(_) => {
+                running -= 1;
+                settled += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(most <= max_keys as usize, "{most} handlers ran at once");
+    assert!(most > 1, "keys ran one after another: {most}");
+    let bodies = take(&mut client, &out, (keys * per_key) as usize).await?;
+    assert_eq!(bodies.len(), (keys * per_key) as usize);
+    host.stop().await?;
+    client.close().await;
+    println!("max_keys {max_keys}, concurrency 16: at most {most} handlers at once, all {} handled", keys * per_key);
     Ok(())
 }

@@ -367,6 +367,18 @@ impl TestHost {
         self.backlog.iter().any(pick)
     }
 
+    /// Every delivery handled so far (without waiting), oldest first.
+    pub fn handled_so_far(&mut self) -> Vec<Handled> {
+        self.seen(|_| false);
+        self.backlog
+            .iter()
+            .filter_map(|e| match e {
+                Event::Handled(h) => Some(h.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Waits until a mount of `tenant` is attached.
     pub async fn tenant_up(&mut self, tenant: &str) -> anyhow::Result<()> {
         self.next(|e| {

@@ -49,8 +49,11 @@ pub(super) fn attached(
         queue = queue.as_ref().map(|q| q.kind.to_string()),
         settle = %mount.settle,
         credit = spec.credit(),
-        retry_path = policy.retry.as_str(),
-        delay_path = policy.delay.as_str(),
+        retry_path = if policy.ordered { "in place" } else { policy.retry.as_str() },
+        delay_path = if policy.ordered { "in place" } else { policy.delay.as_str() },
+        ordered_by = mount.order_by.as_ref().map(|o| {
+            format!("{o}, {}", wharf_core::ordering::across_replicas(o, context.kind))
+        }),
         retry_after_original = policy.retry_after_original.as_str(),
         outputs = outputs_path(context),
         "mount attached"
@@ -228,6 +231,7 @@ impl DeliveryReport {
     /// `counters`.
     pub(super) fn again(&mut self, counters: Counters) {
         self.counters = counters;
+        tracing::Span::current().record("attempt", counters.attempt());
         if let Some(span) = &mut self.process {
             span.set("wharf.attempt", i64::from(counters.attempt()));
         }
