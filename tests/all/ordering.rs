@@ -22,7 +22,8 @@ const SCRIPT: &str = "fixture_script";
 /// A mount of the script fixture on `address`, ordered by `order_by`,
 /// that may send to `out` (16 handlers at once unless `extra` says).
 fn ordered(address: &str, order_by: &str, out: &str, extra: &[&str]) -> MountToml {
-    let mut mount = MountToml::new("m", SCRIPT, address).with(&format!("order_by = \"{order_by}\""));
+    let mut mount =
+        MountToml::new("m", SCRIPT, address).with(&format!("order_by = \"{order_by}\""));
     if !extra.iter().any(|line| line.starts_with("concurrency")) {
         mount = mount.with("concurrency = 16");
     }
@@ -70,7 +71,8 @@ async fn in_order(
     for seq in 0..per_key {
         for k in 0..keys {
             let busy = spread(seq * keys + k, 3);
-            messages.push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
+            messages
+                .push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
         }
     }
     client.publish_many(queue, messages).await?;
@@ -88,15 +90,24 @@ async fn in_order(
     assert_eq!(seen.len(), keys as usize);
     let expected: Vec<u32> = (0..per_key).collect();
     for (key, sequence) in &seen {
-        assert_eq!(sequence, &expected, "key {key} out of order or not once each");
+        assert_eq!(
+            sequence, &expected,
+            "key {key} out of order or not once each"
+        );
     }
     // Nothing more came out: no duplicates.
     let marker = format!("{out}.marker");
     client.publish(out, TestMessage::new(&marker, "x")).await?;
-    assert_eq!(take(&mut client, out, 1).await?, [marker], "{out} held more");
+    assert_eq!(
+        take(&mut client, out, 1).await?,
+        [marker],
+        "{out} held more"
+    );
     host.stop().await?;
     client.close().await;
-    println!("ordered by {order_by}: {keys} keys x {per_key}, concurrency 16: every key in order, once");
+    println!(
+        "ordered by {order_by}: {keys} keys x {per_key}, concurrency 16: every key in order, once"
+    );
     Ok(())
 }
 
@@ -104,7 +115,15 @@ async fn in_order(
 async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_artemis()
 -> anyhow::Result<()> {
     let queue = unique("ordered");
-    in_order(&artemis_url(), &queue, &format!("{queue}.out"), "group-id", 100, 100).await
+    in_order(
+        &artemis_url(),
+        &queue,
+        &format!("{queue}.out"),
+        "group-id",
+        100,
+        100,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -132,14 +151,30 @@ async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_rabb
 async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_activemq()
 -> anyhow::Result<()> {
     let queue = unique("ordered");
-    in_order(&activemq_url(), &queue, &format!("{queue}.out"), "group-id", 100, 100).await
+    in_order(
+        &activemq_url(),
+        &queue,
+        &format!("{queue}.out"),
+        "group-id",
+        100,
+        100,
+    )
+    .await
 }
 
 #[tokio::test]
 async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_broker_j()
 -> anyhow::Result<()> {
     let queue = unique("ordered");
-    in_order(&qpid_url(), &queue, &format!("{queue}.out"), "property:key", 100, 100).await
+    in_order(
+        &qpid_url(),
+        &queue,
+        &format!("{queue}.out"),
+        "property:key",
+        100,
+        100,
+    )
+    .await
 }
 
 /// Two hosts on one queue ordered by group-id, 20 keys: the broker's
@@ -160,7 +195,8 @@ async fn two_hosts(url: &str) -> anyhow::Result<()> {
     for seq in 0..per_key {
         for k in 0..keys {
             let busy = spread(seq * keys + k, 3);
-            messages.push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
+            messages
+                .push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
         }
     }
     client.publish_many(&queue, messages).await?;
@@ -177,7 +213,10 @@ async fn two_hosts(url: &str) -> anyhow::Result<()> {
     watch.close().await;
     let expected: Vec<u32> = (0..per_key).collect();
     for (key, sequence) in &seen {
-        assert_eq!(sequence, &expected, "key {key} out of order or not once each");
+        assert_eq!(
+            sequence, &expected,
+            "key {key} out of order or not once each"
+        );
     }
     let mut owners: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, host) in hosts.iter_mut().enumerate() {
@@ -193,12 +232,18 @@ async fn two_hosts(url: &str) -> anyhow::Result<()> {
     let shared: Vec<_> = owners.iter().filter(|(_, h)| h.len() > 1).collect();
     assert!(shared.is_empty(), "keys handled by both hosts: {shared:?}");
     let by_a = owners.values().filter(|h| h == &&[0]).count();
-    assert!(by_a > 0 && by_a < keys as usize, "one host took every key: {owners:?}");
+    assert!(
+        by_a > 0 && by_a < keys as usize,
+        "one host took every key: {owners:?}"
+    );
     for host in hosts {
         host.stop().await?;
     }
     client.close().await;
-    println!("two hosts, {keys} keys x {per_key}: {by_a} keys in one, {} in the other, none in both, every key in order", keys as usize - by_a);
+    println!(
+        "two hosts, {keys} keys x {per_key}: {by_a} keys in one, {} in the other, none in both, every key in order",
+        keys as usize - by_a
+    );
     Ok(())
 }
 
@@ -219,11 +264,19 @@ type Told = Vec<(String, u32, Plan)>;
 /// Publishes `keys` keys of `per_key` messages, of which key `k0`'s first
 /// one runs `head`; the mount gives up after 3 attempts. Returns the
 /// attempts as the host told them, once every delivery is settled.
-async fn a_failing_head(head: &str, extra: &[&str], keys: u32, per_key: u32) -> anyhow::Result<Told> {
+async fn a_failing_head(
+    head: &str,
+    extra: &[&str],
+    keys: u32,
+    per_key: u32,
+) -> anyhow::Result<Told> {
     let url = artemis_url();
     let queue = unique("ordered-head");
     let (out, dlq) = (format!("{queue}.out"), format!("{queue}.dlq"));
-    let mut lines = vec!["max_attempts = 3".to_owned(), format!("dead_letter = \"{dlq}\"")];
+    let mut lines = vec![
+        "max_attempts = 3".to_owned(),
+        format!("dead_letter = \"{dlq}\""),
+    ];
     lines.extend(extra.iter().map(|l| (*l).to_owned()));
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     let mut client = Client::connect(&url).await?;
@@ -259,7 +312,11 @@ async fn a_failing_head(head: &str, extra: &[&str], keys: u32, per_key: u32) -> 
         }
         told.push((message_id.unwrap_or_default(), attempt, plan));
     }
-    assert_eq!(take(&mut client, &dlq, 1).await?, ["k0.0"], "the head is dead-lettered");
+    assert_eq!(
+        take(&mut client, &dlq, 1).await?,
+        ["k0.0"],
+        "the head is dead-lettered"
+    );
     host.stop().await?;
     client.close().await;
     Ok(told)
@@ -273,18 +330,26 @@ fn key_held(told: &Told, keys: u32, per_key: u32) -> usize {
     let head: Vec<_> = told.iter().filter(|(id, ..)| id == "k0.0").collect();
     let attempts: Vec<u32> = head.iter().map(|(_, a, _)| *a).collect();
     assert_eq!(attempts, [1, 2, 3], "{head:?}");
-    assert!(matches!(head[0].2, Plan::RunAgain { .. }) && matches!(head[1].2, Plan::RunAgain { .. }));
+    assert!(
+        matches!(head[0].2, Plan::RunAgain { .. }) && matches!(head[1].2, Plan::RunAgain { .. })
+    );
     assert_eq!(head[2].2.publish(), Some(Publish::DeadLetter), "{head:?}");
     let position = |id: &str| told.iter().position(|(i, ..)| i == id);
     let first = position("k0.0").expect("head told");
-    let last = told.iter().rposition(|(i, ..)| i == "k0.0").expect("head told");
+    let last = told
+        .iter()
+        .rposition(|(i, ..)| i == "k0.0")
+        .expect("head told");
     let mut by_key: HashMap<&str, Vec<u32>> = HashMap::new();
     for (id, _, plan) in told {
         if matches!(plan, Plan::RunAgain { .. }) {
             continue;
         }
         let (key, seq) = id.split_once('.').expect("KEY.SEQ");
-        by_key.entry(key).or_default().push(seq.parse().expect("a number"));
+        by_key
+            .entry(key)
+            .or_default()
+            .push(seq.parse().expect("a number"));
     }
     let expected: Vec<u32> = (0..per_key).collect();
     assert_eq!(by_key.len(), keys as usize);
@@ -293,10 +358,15 @@ fn key_held(told: &Told, keys: u32, per_key: u32) -> usize {
     }
     // Nothing of the held key between its head's first and last attempts.
     assert!(
-        told[first..last].iter().all(|(id, ..)| id == "k0.0" || !id.starts_with("k0.")),
+        told[first..last]
+            .iter()
+            .all(|(id, ..)| id == "k0.0" || !id.starts_with("k0.")),
         "a later delivery of k0 overtook its head"
     );
-    told[first..last].iter().filter(|(id, ..)| !id.starts_with("k0.")).count()
+    told[first..last]
+        .iter()
+        .filter(|(id, ..)| !id.starts_with("k0."))
+        .count()
 }
 
 #[tokio::test]
@@ -309,7 +379,9 @@ async fn a_head_retried_to_its_limit_holds_only_its_own_key_on_artemis() -> anyh
     ] {
         let told = a_failing_head(head, extra, keys, per_key).await?;
         let others = key_held(&told, keys, per_key);
-        println!("head `{head}`: 3 attempts in place, dead-lettered; {others} deliveries of other keys settled meanwhile");
+        println!(
+            "head `{head}`: 3 attempts in place, dead-lettered; {others} deliveries of other keys settled meanwhile"
+        );
     }
     Ok(())
 }
@@ -321,19 +393,30 @@ async fn a_head_retried_after_a_delay_holds_its_key_while_the_others_finish_on_a
     // Two waits of 3 s: long enough for the other 90 to pass.
     let told = a_failing_head("*:after=3000", &[], keys, per_key).await?;
     let others = key_held(&told, keys, per_key);
-    assert_eq!(others, ((keys - 1) * per_key) as usize, "the other keys waited for k0");
-    println!("head `retry-after 3s`: held its key 6 s; all {others} deliveries of the other keys settled meanwhile");
+    assert_eq!(
+        others,
+        ((keys - 1) * per_key) as usize,
+        "the other keys waited for k0"
+    );
+    println!(
+        "head `retry-after 3s`: held its key 6 s; all {others} deliveries of the other keys settled meanwhile"
+    );
     Ok(())
 }
 
 #[tokio::test]
-async fn at_max_keys_the_mount_takes_no_more_until_a_key_is_done_on_artemis()
--> anyhow::Result<()> {
+async fn at_max_keys_the_mount_takes_no_more_until_a_key_is_done_on_artemis() -> anyhow::Result<()>
+{
     let url = artemis_url();
     let queue = unique("ordered-keys");
     let out = format!("{queue}.out");
     let (keys, per_key, max_keys) = (50, 4, 4);
-    let mount = ordered(&queue, "property:key", &out, &[&format!("max_keys = {max_keys}")]);
+    let mount = ordered(
+        &queue,
+        "property:key",
+        &out,
+        &[&format!("max_keys = {max_keys}")],
+    );
     let mut host = TestHost::start(&url, &[mount]).await?;
     let mut client = Client::connect(&url).await?;
     let mut messages = Vec::new();
@@ -365,6 +448,56 @@ async fn at_max_keys_the_mount_takes_no_more_until_a_key_is_done_on_artemis()
     assert_eq!(bodies.len(), (keys * per_key) as usize);
     host.stop().await?;
     client.close().await;
-    println!("max_keys {max_keys}, concurrency 16: at most {most} handlers at once, all {} handled", keys * per_key);
+    println!(
+        "max_keys {max_keys}, concurrency 16: at most {most} handlers at once, all {} handled",
+        keys * per_key
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stop_leaves_a_held_key_to_the_broker_in_order_on_artemis() -> anyhow::Result<()> {
+    let url = artemis_url();
+    let queue = unique("ordered-stop");
+    let out = format!("{queue}.out");
+    let (keys, per_key) = (5, 4);
+    let mount = ordered(&queue, "property:key", &out, &[]);
+    let mut host = TestHost::start(&url, &[mount]).await?;
+    let mut client = Client::connect(&url).await?;
+    let mut messages = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            // k0's head waits a minute to run again: the stop comes first.
+            let script = if (k, seq) == (0, 0) {
+                "1:after=60000".to_owned()
+            } else {
+                format!("*:send={out}")
+            };
+            messages.push(keyed(&format!("k{k}"), seq, &script).build());
+        }
+    }
+    client.publish_many(&queue, messages).await?;
+    let mut settled = 0;
+    while settled < (keys - 1) * per_key {
+        let handled = host
+            .next(|e| match e {
+                Event::Handled(h) => Some(h.clone()),
+                _ => None,
+            })
+            .await?;
+        if handled.disposition.is_some() {
+            settled += 1;
+        }
+    }
+    assert!(
+        !host.seen(|e| matches!(e, Event::Started { message_id: Some(id), .. } if id == "k0.1"))
+    );
+    host.stop().await?;
+    // k0's four are back on the queue, its head first, and nothing of k0
+    // was handled.
+    let left = take(&mut client, &queue, per_key as usize).await?;
+    let expected: Vec<String> = (0..per_key).map(|seq| format!("k0.{seq}")).collect();
+    assert_eq!(left, expected);
+    client.close().await;
     Ok(())
 }

@@ -922,8 +922,10 @@ fn an_error_in_an_included_file_names_that_file_and_line() {
 
 #[test]
 fn ordered_mounts_read_their_key_and_bound() {
-    let config = parse(&format!("{GOOD}order_by = \"property:account\"\nmax_keys = 500\n"))
-        .expect("valid config");
+    let config = parse(&format!(
+        "{GOOD}order_by = \"property:account\"\nmax_keys = 500\n"
+    ))
+    .expect("valid config");
     let (_, mount) = config.mounts().next().expect("one mount");
     assert_eq!(mount.order_by, Some(OrderBy::Property("account".into())));
     assert_eq!(mount.max_keys, 500);
@@ -942,8 +944,13 @@ fn ordered_mounts_refuse_what_cannot_hold_a_key() {
     let at_most_once = GOOD.replace("at-least-once", "at-most-once");
     let e = error(&format!("{at_most_once}order_by = \"group-id\"\n"));
     assert!(e.contains("needs `settle = \"at-least-once\"`"), "{e}");
-    let e = error(&format!("{GOOD}order_by = \"group-id\"\nretry = \"copy\"\n"));
-    assert!(e.contains("line 21") && e.contains("`retry` does not apply with `order_by`"), "{e}");
+    let e = error(&format!(
+        "{GOOD}order_by = \"group-id\"\nretry = \"copy\"\n"
+    ));
+    assert!(
+        e.contains("line 21") && e.contains("`retry` does not apply with `order_by`"),
+        "{e}"
+    );
     let e = error(&format!("{GOOD}max_keys = 10\n"));
     assert!(e.contains("`max_keys` only applies with `order_by`"), "{e}");
     let e = error(&format!("{GOOD}order_by = \"group-id\"\nmax_keys = 0\n"));

@@ -44,11 +44,17 @@ fn keys_come_from_the_group_or_the_property_with_its_type() {
     assert_eq!(key_of(&group, &AmqpMessage::empty()), None);
 
     let account = OrderBy::Property("account".into());
-    let text = key_of(&account, &with_property("account", Value::String("7".into())));
+    let text = key_of(
+        &account,
+        &with_property("account", Value::String("7".into())),
+    );
     let number = key_of(&account, &with_property("account", Value::Long(7)));
     assert_ne!(text.as_ref().map(|k| k.0), number.as_ref().map(|k| k.0));
     assert_eq!(number.expect("a key").1, "7");
-    assert_eq!(key_of(&account, &with_property("other", Value::Long(7))), None);
+    assert_eq!(
+        key_of(&account, &with_property("other", Value::Long(7))),
+        None
+    );
 }
 
 #[test]
@@ -65,11 +71,17 @@ fn a_key_runs_one_at_a_time_and_is_forgotten_when_idle() {
     assert_eq!(sequencer.arrive([1; 16], "a1", now), Some("a1"));
     assert_eq!(sequencer.arrive([1; 16], "a2", now), None);
     assert_eq!(sequencer.arrive([2; 16], "b1", now), Some("b1"));
-    assert_eq!(sequencer.arrive([1; 16], "a3", now + Duration::from_secs(1)), None);
+    assert_eq!(
+        sequencer.arrive([1; 16], "a3", now + Duration::from_secs(1)),
+        None
+    );
     assert_eq!((sequencer.keys(), sequencer.waiting()), (2, 2));
     assert_eq!(sequencer.oldest_waiting(), Some(now));
     assert_eq!(sequencer.done(&[1; 16]), Some("a2"));
-    assert_eq!(sequencer.oldest_waiting(), Some(now + Duration::from_secs(1)));
+    assert_eq!(
+        sequencer.oldest_waiting(),
+        Some(now + Duration::from_secs(1))
+    );
     assert_eq!(sequencer.done(&[2; 16]), None);
     assert_eq!(sequencer.done(&[1; 16]), Some("a3"));
     assert_eq!(sequencer.done(&[1; 16]), None);

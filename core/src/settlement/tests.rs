@@ -333,7 +333,17 @@ fn any_policy() -> impl Strategy<Value = Policy> {
         any::<bool>(),
     )
         .prop_map(
-            |(settle, max_attempts, dead_letter, counted, modified, held, accept, requeues, ordered)| {
+            |(
+                settle,
+                max_attempts,
+                dead_letter,
+                counted,
+                modified,
+                held,
+                accept,
+                requeues,
+                ordered,
+            )| {
                 Policy {
                     settle,
                     max_attempts,
@@ -868,14 +878,23 @@ fn ordered(max_attempts: Option<u32>, dead_letter: bool) -> Policy {
 #[test]
 fn vector_o1_ordered_retry_below_limit_runs_again_in_place() {
     let p = plan(&ordered(Some(3), true), &header(0), Outcome::Retry);
-    assert_eq!(p, Plan::RunAgain { delay: Duration::ZERO });
+    assert_eq!(
+        p,
+        Plan::RunAgain {
+            delay: Duration::ZERO
+        }
+    );
     assert_eq!(p.publish(), None, "no copy to let later ones pass");
 }
 
 #[test]
 fn vector_o2_ordered_retry_after_holds_the_key_for_the_delay() {
     for (attempts, delivery) in [(Some(3), header(0)), (None, copy(Some(4)))] {
-        let p = plan(&ordered(attempts, false), &delivery, Outcome::RetryAfter(SECOND));
+        let p = plan(
+            &ordered(attempts, false),
+            &delivery,
+            Outcome::RetryAfter(SECOND),
+        );
         assert_eq!(p, Plan::RunAgain { delay: SECOND });
     }
 }
@@ -888,8 +907,16 @@ fn vector_o3_in_place_attempts_count_toward_the_limit() {
     };
     assert_eq!(third.attempt(), 3);
     let p = plan(&ordered(Some(3), true), &third, Outcome::Retry);
-    assert_eq!(p, dead_letter_then_accept(), "at the limit: dead letter, key released");
-    let p = plan(&ordered(Some(3), false), &third, Outcome::RetryAfter(SECOND));
+    assert_eq!(
+        p,
+        dead_letter_then_accept(),
+        "at the limit: dead letter, key released"
+    );
+    let p = plan(
+        &ordered(Some(3), false),
+        &third,
+        Outcome::RetryAfter(SECOND),
+    );
     assert_eq!(p, settles(Disposition::Rejected));
 }
 
@@ -932,7 +959,12 @@ fn vector_o6_ordered_outputs_not_delivered_run_again_in_place() {
 fn vector_o7_a_failed_handler_on_an_ordered_mount_runs_again_in_place() {
     // A trap, a time-out or garbage is planned as `retry` (vector 17).
     let p = plan(&ordered(Some(2), false), &header(0), Outcome::Retry);
-    assert_eq!(p, Plan::RunAgain { delay: Duration::ZERO });
+    assert_eq!(
+        p,
+        Plan::RunAgain {
+            delay: Duration::ZERO
+        }
+    );
 }
 
 proptest! {

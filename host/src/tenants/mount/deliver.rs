@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::context::MountContext;
-use super::report::{DeliveryReport, HandlerResult, Handling};
 use super::order::WaitTurn;
+use super::report::{DeliveryReport, HandlerResult, Handling};
 use super::settle::{self, Arrived, Settled, Settler};
 use crate::broker::Inbound;
 use crate::sandbox::{Call, Reserved};

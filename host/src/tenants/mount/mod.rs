@@ -36,8 +36,8 @@ use crate::sandbox::{CallLimits, InstanceSlots, Instances, LogTags, Module, Owne
 use crate::sync::{Locked, ReadWrite};
 use crate::telemetry::Telemetry;
 pub(crate) use attach::AttachedMount;
-pub(crate) use order::KeysNow;
 use attach::Links;
+pub(crate) use order::KeysNow;
 use wharf_core::backoff::{Backoff, BackoffPolicy};
 use wharf_core::brokers::QueueKind;
 use wharf_core::config::{Broker, Mount};
