@@ -2,7 +2,8 @@
 //! Invariants: a delivery is never settled as done unless what it owed was
 //! accepted; a failed attempt never ends without a publish or a disposition
 //! the broker keeps it by, except at the limit without a dead-letter
-//! address (then `rejected`, the broker's policy decides); a delivery no
+//! address (then `rejected`, the broker's policy decides); an ordered
+//! mount's retry never leaves the host below the limit; a delivery no
 //! handler sees never comes back.
 
 #![no_main]
@@ -31,10 +32,12 @@ fn input(u: &mut Unstructured<'_>) -> arbitrary::Result<(Policy, Counters, Outco
         delay: pick(u, &[DelayPath::Scheduled, DelayPath::Held])?,
         retry_after_original: pick(u, &[Disposition::Rejected, Disposition::Accepted])?,
         rejected_requeues: bool::arbitrary(u)?,
+        ordered: bool::arbitrary(u)?,
     };
     let counters = Counters {
         delivery_count: Option::<u32>::arbitrary(u)?,
         retry_count: Option::<u32>::arbitrary(u)?,
+        in_place: u32::arbitrary(u)?,
     };
     let outcome = match u.int_in_range(0..=3)? {
         0 => Outcome::Ack,
@@ -83,6 +86,15 @@ fuzz_target!(|data: &[u8]| {
             }
             _ => {}
         }
+    }
+    // Below the limit an ordered mount runs a retry again in place: a copy
+    // or a redelivery would let the key's later deliveries pass.
+    if policy.ordered && policy.settle == Settle::AtLeastOnce {
+        assert!(
+            !matches!(planned.publish(), Some(Publish::Copy { .. }))
+                && planned != Plan::Settle(Disposition::Modified),
+            "an ordered retry left the host: {planned:?}"
+        );
     }
     let next = after_publish(&policy, &counters, &planned, &published);
     if let Plan::PublishThenSettle {
