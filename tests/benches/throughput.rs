@@ -2,14 +2,15 @@
 //! consumer doing the same work in the same run (its socket with
 //! `TCP_NODELAY`, the same credit): throughput and the process's CPU time
 //! per message, per handler language and instance policy, latency at half
-//! and nine tenths of each policy's best rate, mounts sharing a
-//! connection, and what idle mounts cost.
+//! and nine tenths of each policy's best rate, what ordering by key
+//! costs, mounts sharing a connection, and what idle mounts cost.
 //!
 //!     cargo bench -p wharf-tests --bench throughput             # Artemis, then RabbitMQ 4
 //!     cargo bench -p wharf-tests --bench throughput -- artemis  # one broker
 //!     cargo bench -p wharf-tests --bench throughput -- artemis ack  # cases naming `ack`
 //!     cargo bench -p wharf-tests --bench throughput -- artemis tracing  # what spans cost
 //!     cargo bench -p wharf-tests --bench throughput -- artemis latency  # under a steady load
+//!     cargo bench -p wharf-tests --bench throughput -- artemis ordered  # what order_by costs
 //!
 //! The brokers must be running (`scripts/test` starts them); guests come
 //! from `build/guests` (`scripts/build-guests`).
@@ -142,11 +143,34 @@ async fn wharf_rate(
     n: usize,
     top: &str,
 ) -> anyhow::Result<Measured> {
+    wharf_rate_keyed(broker, module, extra, mounts, n, top, None).await
+}
+
+/// [`wharf_rate`], the messages carrying the property `key`, one of
+/// `keys` in turn, when `keys` is given.
+async fn wharf_rate_keyed(
+    broker: &Broker,
+    module: &str,
+    extra: &[&str],
+    mounts: usize,
+    n: usize,
+    top: &str,
+    keys: Option<usize>,
+) -> anyhow::Result<Measured> {
     let queues: Vec<String> = (0..mounts)
         .map(|_| (broker.queue)(&unique("bench")))
         .collect();
     for queue in &queues {
-        prefill(&broker.url, queue, n / mounts).await?;
+        match keys {
+            None => prefill(&broker.url, queue, n / mounts).await?,
+            Some(keys) => {
+                bench::prefill(&broker.url, queue, n / mounts, |i| {
+                    let key = (i % keys).to_string();
+                    bench::message(format!("{queue}.{i}"), BODY, &[("key", &key)])
+                })
+                .await?
+            }
+        }
     }
     let specs = queues
         .iter()
@@ -248,6 +272,61 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
         off_cpu * 1e6,
         1.0 + off_work.as_secs_f64() / off_cpu.max(1e-12),
     );
+    Ok(())
+}
+
+/// What ordering costs the Rust `ack` handler (reuse): 1,000 keys against
+/// the same mount unordered, both with 16 handlers at once, and one key
+/// (every message in line) against one handler at a time; each the median
+/// of `WHARF_BENCH_ROUNDS` rounds (default 6) taken in turn.
+async fn ordering_cost(broker: &Broker) -> anyhow::Result<()> {
+    const REUSE: &str = "instance = \"reuse\"";
+    const ORDERED: &str = "order_by = \"property:key\"";
+    let cases: [(&str, &[&str], Option<usize>); 4] = [
+        (
+            "unordered, concurrency 16",
+            &[REUSE, "concurrency = 16"],
+            None,
+        ),
+        (
+            "ordered, 1,000 keys, concurrency 16",
+            &[REUSE, "concurrency = 16", ORDERED],
+            Some(1_000),
+        ),
+        (
+            "unordered, concurrency 1",
+            &[REUSE, "concurrency = 1"],
+            None,
+        ),
+        (
+            "ordered, 1 key, concurrency 16",
+            &[REUSE, "concurrency = 16", ORDERED],
+            Some(1),
+        ),
+    ];
+    let mut runs = vec![Vec::new(); cases.len()];
+    for round in 0..bench::rounds(6) {
+        for i in balanced_order(round, cases.len()) {
+            let (_, extra, keys) = cases[i];
+            let measured = wharf_rate_keyed(broker, "ack", extra, 1, messages(), "", keys).await?;
+            runs[i].push((measured.rate, measured.cpu_per_message.as_secs_f64()));
+        }
+    }
+    println!(
+        "\n| Rust `ack`, reuse | msg/s (median) | vs its baseline (median of rounds) | CPU per message | vs its baseline |"
+    );
+    println!("|---|---|---|---|---|");
+    for (i, ((name, ..), case)) in cases.iter().zip(&runs).enumerate() {
+        // Each ordered case against the unordered one before it.
+        let baseline = &runs[i - i % 2];
+        println!(
+            "| {name} | {:.0} | {:.2}× | {:.1} µs | {:.2}× |",
+            median(case.iter().map(|r| r.0)),
+            median_ratio(baseline, case, |r| r.0),
+            median(case.iter().map(|r| r.1)) * 1e6,
+            median_ratio(baseline, case, |r| r.1),
+        );
+    }
     Ok(())
 }
 
@@ -585,6 +664,9 @@ async fn main() -> anyhow::Result<()> {
             .nth(1);
         if only_case.as_deref().is_none_or(|c| c == "tracing") {
             tracing_cost(&broker).await?;
+        }
+        if only_case.as_deref().is_none_or(|c| c == "ordered") {
+            ordering_cost(&broker).await?;
         }
         // The best rate of each policy of the Rust `ack` handler, for the
         // latency under load below.
