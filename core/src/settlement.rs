@@ -300,6 +300,15 @@ impl Plan {
         }
     }
 
+    /// How long before the handler runs again in place, for a
+    /// [`Plan::RunAgain`].
+    pub fn runs_again(&self) -> Option<Duration> {
+        match *self {
+            Plan::RunAgain { delay } => Some(delay),
+            _ => None,
+        }
+    }
+
     /// What the plan publishes, if anything.
     pub fn publish(&self) -> Option<Publish> {
         match *self {

@@ -54,19 +54,17 @@ fn spread(i: u32, n: u32) -> u32 {
     (i.wrapping_mul(2_654_435_761) >> 16) % n.max(1)
 }
 
-/// Publishes `per_key` messages for each of `keys` keys, interleaved, each
-/// handled for a few milliseconds and sent on to `out`; reads them back
-/// from `out` and checks each key's come out in published order, each once.
-async fn in_order(
-    url: &str,
+/// Publishes `per_key` messages for each of `keys` keys to `queue`,
+/// interleaved, each handled for a few milliseconds and sent on to `out`;
+/// reads them back from `out` and checks each key's came out in published
+/// order, each once.
+async fn through_in_order(
+    client: &mut Client,
     queue: &str,
     out: &str,
-    order_by: &str,
     keys: u32,
     per_key: u32,
 ) -> anyhow::Result<()> {
-    let mut client = Client::connect(url).await?;
-    let host = TestHost::start(url, &[ordered(queue, order_by, out, &["credit = 256"])]).await?;
     let mut messages = Vec::new();
     for seq in 0..per_key {
         for k in 0..keys {
@@ -95,6 +93,22 @@ async fn in_order(
             "key {key} out of order or not once each"
         );
     }
+    Ok(())
+}
+
+/// [`through_in_order`] through one host ordered by `order_by`, and
+/// nothing more came out.
+async fn in_order(
+    url: &str,
+    queue: &str,
+    out: &str,
+    order_by: &str,
+    keys: u32,
+    per_key: u32,
+) -> anyhow::Result<()> {
+    let mut client = Client::connect(url).await?;
+    let host = TestHost::start(url, &[ordered(queue, order_by, out, &["credit = 256"])]).await?;
+    through_in_order(&mut client, queue, out, keys, per_key).await?;
     // Nothing more came out: no duplicates.
     let marker = format!("{out}.marker");
     client.publish(out, TestMessage::new(&marker, "x")).await?;
@@ -111,19 +125,16 @@ async fn in_order(
     Ok(())
 }
 
+/// O10 on a broker whose queues need no declaring: 100 keys of 100.
+async fn ten_thousand_in_order(url: &str, order_by: &str) -> anyhow::Result<()> {
+    let queue = unique("ordered");
+    in_order(url, &queue, &format!("{queue}.out"), order_by, 100, 100).await
+}
+
 #[tokio::test]
 async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_artemis()
 -> anyhow::Result<()> {
-    let queue = unique("ordered");
-    in_order(
-        &artemis_url(),
-        &queue,
-        &format!("{queue}.out"),
-        "group-id",
-        100,
-        100,
-    )
-    .await
+    ten_thousand_in_order(&artemis_url(), "group-id").await
 }
 
 #[tokio::test]
@@ -150,31 +161,13 @@ async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_rabb
 #[tokio::test]
 async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_activemq()
 -> anyhow::Result<()> {
-    let queue = unique("ordered");
-    in_order(
-        &activemq_url(),
-        &queue,
-        &format!("{queue}.out"),
-        "group-id",
-        100,
-        100,
-    )
-    .await
+    ten_thousand_in_order(&activemq_url(), "group-id").await
 }
 
 #[tokio::test]
 async fn ten_thousand_messages_over_a_hundred_keys_stay_in_order_per_key_on_broker_j()
 -> anyhow::Result<()> {
-    let queue = unique("ordered");
-    in_order(
-        &qpid_url(),
-        &queue,
-        &format!("{queue}.out"),
-        "property:key",
-        100,
-        100,
-    )
-    .await
+    ten_thousand_in_order(&qpid_url(), "property:key").await
 }
 
 /// Two hosts on one queue ordered by group-id, 20 keys: the broker's
@@ -191,33 +184,7 @@ async fn two_hosts(url: &str) -> anyhow::Result<()> {
         hosts.push(TestHost::start(url, std::slice::from_ref(&mount)).await?);
     }
     let mut client = Client::connect(url).await?;
-    let mut messages = Vec::new();
-    for seq in 0..per_key {
-        for k in 0..keys {
-            let busy = spread(seq * keys + k, 3);
-            messages
-                .push(keyed(&format!("k{k}"), seq, &format!("*:send={out},busy={busy}")).build());
-        }
-    }
-    client.publish_many(&queue, messages).await?;
-    let mut watch = client.watch(&out).await?;
-    let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for _ in 0..keys * per_key {
-        let (_, message) = watch.next().await?;
-        let body = String::from_utf8(body_bytes(&message))?;
-        let (key, seq) = body
-            .split_once('.')
-            .ok_or_else(|| anyhow::anyhow!("not KEY.SEQ: {body:?}"))?;
-        seen.entry(key.to_owned()).or_default().push(seq.parse()?);
-    }
-    watch.close().await;
-    let expected: Vec<u32> = (0..per_key).collect();
-    for (key, sequence) in &seen {
-        assert_eq!(
-            sequence, &expected,
-            "key {key} out of order or not once each"
-        );
-    }
+    through_in_order(&mut client, &queue, &out, keys, per_key).await?;
     let mut owners: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, host) in hosts.iter_mut().enumerate() {
         for handled in host.handled_so_far() {
@@ -428,20 +395,7 @@ async fn at_max_keys_the_mount_takes_no_more_until_a_key_is_done_on_artemis() ->
     client.publish_many(&queue, messages).await?;
     // Handlers running at once, from the host's own account: 16 may run,
     // but no more keys than `max_keys` are taken, one delivery each.
-    let (mut running, mut most, mut settled) = (0usize, 0usize, 0);
-    while settled < keys * per_key {
-        match host.next_event().await? {
-            Event::Started { .. } => {
-                running += 1;
-                most = most.max(running);
-            }
-            Event::Handled(_) => {
-                running -= 1;
-                settled += 1;
-            }
-            _ => {}
-        }
-    }
+    let most = host.most_at_once((keys * per_key) as usize).await?;
     assert!(most <= max_keys as usize, "{most} handlers ran at once");
     assert!(most > 1, "keys ran one after another: {most}");
     let bodies = take(&mut client, &out, (keys * per_key) as usize).await?;

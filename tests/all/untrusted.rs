@@ -810,23 +810,7 @@ async fn a_message_is_counted_at_its_decoded_size() -> anyhow::Result<()> {
         );
         ids.push(id);
     }
-    let mut running = 0usize;
-    let mut most = 0usize;
-    let mut handled = 0;
-    while handled < ids.len() {
-        match host.next_event().await? {
-            Event::Started { .. } => {
-                running += 1;
-                most = most.max(running);
-            }
-            Event::Handled(_) => {
-                running -= 1;
-                handled += 1;
-            }
-            Event::Refused { reason, .. } => anyhow::bail!("refused: {reason}"),
-            _ => {}
-        }
-    }
+    let most = host.most_at_once(ids.len()).await?;
     assert_eq!(
         most, 1,
         "deliveries of ~20 MiB decoded each ran {most} at once in a 16 MiB budget"

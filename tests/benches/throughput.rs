@@ -134,21 +134,9 @@ fn mount(name: &str, module: &str, address: &str, extra: &[&str]) -> MountToml {
 }
 
 /// wharf's rate over `n` prefilled messages on `mounts` mounts, each on a
-/// queue of its own.
+/// queue of its own; the messages carry the property `key`, one of `keys`
+/// in turn, when `keys` is given.
 async fn wharf_rate(
-    broker: &Broker,
-    module: &str,
-    extra: &[&str],
-    mounts: usize,
-    n: usize,
-    top: &str,
-) -> anyhow::Result<Measured> {
-    wharf_rate_keyed(broker, module, extra, mounts, n, top, None).await
-}
-
-/// [`wharf_rate`], the messages carrying the property `key`, one of
-/// `keys` in turn, when `keys` is given.
-async fn wharf_rate_keyed(
     broker: &Broker,
     module: &str,
     extra: &[&str],
@@ -231,6 +219,7 @@ async fn tracing_cost(broker: &Broker) -> anyhow::Result<()> {
                 1,
                 messages(),
                 &cases[i].1,
+                None,
             )
             .await?;
             runs[i].push((measured.rate, measured.cpu_per_message.as_secs_f64()));
@@ -308,7 +297,7 @@ async fn ordering_cost(broker: &Broker) -> anyhow::Result<()> {
     for round in 0..bench::rounds(6) {
         for i in balanced_order(round, cases.len()) {
             let (_, extra, keys) = cases[i];
-            let measured = wharf_rate_keyed(broker, "ack", extra, 1, messages(), "", keys).await?;
+            let measured = wharf_rate(broker, "ack", extra, 1, messages(), "", keys).await?;
             runs[i].push((measured.rate, measured.cpu_per_message.as_secs_f64()));
         }
     }
@@ -684,7 +673,7 @@ async fn main() -> anyhow::Result<()> {
                 println!("| {name} | not built | |");
                 continue;
             }
-            let measured = wharf_rate(&broker, module, extra, 1, messages(), "").await?;
+            let measured = wharf_rate(&broker, module, extra, 1, messages(), "", None).await?;
             if module == "ack" {
                 best[usize::from(!extra.is_empty())] = measured.rate;
             }
@@ -724,7 +713,7 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         for mounts in [10, 100] {
-            let measured = wharf_rate(&broker, "ack", &reuse, mounts, messages(), "").await?;
+            let measured = wharf_rate(&broker, "ack", &reuse, mounts, messages(), "", None).await?;
             row(
                 &format!("wharf, Rust `ack`, reuse, {mounts} mounts on one connection"),
                 &measured,

@@ -367,6 +367,28 @@ impl TestHost {
         self.backlog.iter().any(pick)
     }
 
+    /// The most handlers that ran at once until `n` deliveries were
+    /// handled, by the host's own account; a delivery refused unread is an
+    /// error.
+    pub async fn most_at_once(&mut self, n: usize) -> anyhow::Result<usize> {
+        let (mut running, mut most, mut handled) = (0usize, 0, 0);
+        while handled < n {
+            match self.next_event().await? {
+                Event::Started { .. } => {
+                    running += 1;
+                    most = most.max(running);
+                }
+                Event::Handled(_) => {
+                    running -= 1;
+                    handled += 1;
+                }
+                Event::Refused { reason, .. } => bail!("refused: {reason}"),
+                _ => {}
+            }
+        }
+        Ok(most)
+    }
+
     /// Every delivery handled so far (without waiting), oldest first.
     pub fn handled_so_far(&mut self) -> Vec<Handled> {
         self.seen(|_| false);

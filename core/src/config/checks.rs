@@ -331,6 +331,14 @@ impl Checker<'_> {
     }
 }
 
+/// The first of `keys` the config sets, with where it sets it.
+fn first_set<'k>(
+    keys: &[(Option<std::ops::Range<usize>>, &'k str)],
+) -> Option<(std::ops::Range<usize>, &'k str)> {
+    keys.iter()
+        .find_map(|(span, key)| Some((span.clone()?, *key)))
+}
+
 struct Checker<'a> {
     path: &'a Path,
     text: &'a str,
@@ -763,16 +771,15 @@ impl Checker<'_> {
                 ),
             ));
         }
-        let span = |key: Option<std::ops::Range<usize>>, name| (key, name);
-        let set = [
-            span(raw.retry.as_ref().map(Spanned::span), "retry"),
-            span(raw.delay.as_ref().map(Spanned::span), "delay"),
-            span(
+        let retry_keys = [
+            (raw.retry.as_ref().map(Spanned::span), "retry"),
+            (raw.delay.as_ref().map(Spanned::span), "delay"),
+            (
                 raw.retry_after_original.as_ref().map(Spanned::span),
                 "retry_after_original",
             ),
         ];
-        match set.into_iter().find_map(|(span, key)| Some((span?, key))) {
+        match first_set(&retry_keys) {
             Some((span, key)) => Err(self.invalid(
                 &Spanned::new(span, ()),
                 format!(
@@ -791,10 +798,7 @@ impl Checker<'_> {
         condition: &str,
         keys: &[(Option<std::ops::Range<usize>>, &str)],
     ) -> Result<(), ConfigError> {
-        match keys
-            .iter()
-            .find_map(|(span, key)| Some((span.clone()?, key)))
-        {
+        match first_set(keys) {
             Some((span, key)) => Err(self.invalid(
                 &Spanned::new(span, ()),
                 format!("{here}: `{key}` only applies with {condition}"),

@@ -129,17 +129,15 @@ pub(super) async fn handle(
                 admission.release_running();
             }
             arrived.counters = counters;
-            let settled = match plan {
-                Plan::RunAgain { .. } => Settled::default(),
-                _ => settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await,
+            let settled = if plan.runs_again().is_some() {
+                Settled::default()
+            } else {
+                settle::carry_out(&context, &settler, &arrived, plan, &outputs, &flush).await
             };
             if settled.disposition == Some(Disposition::Modified) {
                 spec.note_modified(&message, counters.attempt());
             }
-            let again = match settled.instead.unwrap_or(plan) {
-                Plan::RunAgain { delay } => Some(delay),
-                _ => None,
-            };
+            let again = settled.instead.unwrap_or(plan).runs_again();
             report.handled(Handling {
                 result,
                 outcome,

@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
 use crate::sync::Locked;
-use wharf_core::ordering::{Key, Sequencer};
+use wharf_core::message::AmqpMessage;
+use wharf_core::ordering::{Key, OrderBy, Sequencer, key_of};
 
 /// The keys of one ordered mount while its links are up.
 pub(super) struct Turns {
+    order_by: OrderBy,
     sequencer: Mutex<Sequencer<oneshot::Sender<()>>>,
     /// Told when a key is forgotten, for a receive loop waiting for room.
     freed: Notify,
@@ -30,17 +32,24 @@ pub(crate) struct KeysNow {
 }
 
 impl Turns {
-    pub(super) fn new(max_keys: u32) -> Arc<Turns> {
+    pub(super) fn new(order_by: OrderBy, max_keys: u32) -> Arc<Turns> {
         Arc::new(Turns {
+            order_by,
             sequencer: Mutex::new(Sequencer::default()),
             freed: Notify::new(),
             max_keys: max_keys as usize,
         })
     }
 
-    /// A delivery of `key` arrived: its turn, now or behind the key's
-    /// earlier ones. Called by the receive loop alone, in arrival order.
-    pub(super) fn arrive(self: &Arc<Self>, key: Key) -> WaitTurn {
+    /// `message` arrived: its turn, now or behind its key's earlier ones,
+    /// and its key as shown; none for a message without a key. Called by
+    /// the receive loop alone, in arrival order.
+    pub(super) fn arrive(self: &Arc<Self>, message: &AmqpMessage) -> Option<(WaitTurn, String)> {
+        let (key, shown) = key_of(&self.order_by, message)?;
+        Some((self.turn(key), shown))
+    }
+
+    fn turn(self: &Arc<Self>, key: Key) -> WaitTurn {
         let (sender, receiver) = oneshot::channel();
         let now = self
             .sequencer
@@ -170,11 +179,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_waits_for_the_one_before_it_and_a_dropped_waiter_passes_its_turn_on() {
-        let turns = Turns::new(2);
-        let first = turns.arrive([1; 16]).wait().await;
-        let gone = turns.arrive([1; 16]);
-        let third = turns.arrive([1; 16]);
-        let other = turns.arrive([2; 16]).wait().await;
+        let turns = Turns::new(OrderBy::GroupId, 2);
+        let first = turns.turn([1; 16]).wait().await;
+        let gone = turns.turn([1; 16]);
+        let third = turns.turn([1; 16]);
+        let other = turns.turn([2; 16]).wait().await;
         assert!(turns.full());
         assert_eq!(turns.now().waiting, 2);
         drop(gone);

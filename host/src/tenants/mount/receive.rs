@@ -58,8 +58,8 @@ impl AttachedMount {
             turns: spec
                 .config
                 .order_by
-                .as_ref()
-                .map(|_| Turns::new(spec.config.max_keys)),
+                .clone()
+                .map(|order_by| Turns::new(order_by, spec.config.max_keys)),
         };
         let mut tasks = JoinSet::new();
         let mut intake = Intake::default();
@@ -234,13 +234,12 @@ impl Handling<'_> {
         handler_slot: Option<OwnedSemaphorePermit>,
         room: Room,
     ) {
-        let slot = match (&self.turns, &self.context.spec.config.order_by) {
-            (Some(turns), Some(order_by)) => Slot::InTurn {
-                turn: wharf_core::ordering::key_of(order_by, &inbound.message)
-                    .map(|(key, shown)| (turns.arrive(key), shown)),
+        let slot = match &self.turns {
+            Some(turns) => Slot::InTurn {
+                turn: turns.arrive(&inbound.message),
                 handlers: self.handlers.clone(),
             },
-            _ => Slot::Taken(handler_slot),
+            None => Slot::Taken(handler_slot),
         };
         let handle = deliver::handle(
             self.context.clone(),

@@ -273,6 +273,9 @@ impl DeliveryReport {
             }
         }
         spec.metrics.handled(outcome, disposition, took);
+        // The last attempt's report gives its parts away; one run again in
+        // place keeps them for the next.
+        let last = instead.unwrap_or(plan).runs_again().is_none();
         let module_version = self.module_version.clone().unwrap_or_default();
         if let Some(span) = &mut self.process {
             span.set("wharf.module.version", module_version.to_string());
@@ -304,7 +307,11 @@ impl DeliveryReport {
         let _ = spec.events.send(Event::Handled(Handled {
             tenant: spec.tags.tenant.clone(),
             mount: spec.tags.mount.clone(),
-            message_id: self.message_id.clone(),
+            message_id: if last {
+                self.message_id.take()
+            } else {
+                self.message_id.clone()
+            },
             attempt: self.counters.attempt(),
             counters: self.counters,
             module_version,
@@ -422,11 +429,11 @@ fn fate(
         }
         (None, Outcome::Drop) => "dropped it".to_owned(),
     };
-    if let Plan::RunAgain { delay } = plan {
+    if let Some(delay) = plan.runs_again() {
         let when = if delay.is_zero() {
             "at once".to_owned()
         } else {
-            format!("after {}", humantime::format_duration(*delay))
+            format!("after {}", humantime::format_duration(delay))
         };
         return format!("{said}; it runs again {when}, in place, holding its key");
     }
