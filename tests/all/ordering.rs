@@ -14,7 +14,7 @@ use crate::{
     MountToml, TestHost, activemq_url, artemis_url, qpid_url, rabbitmq4_shared, rabbitmq4_url,
     unique,
 };
-use fe2o3_amqp::types::primitives::SimpleValue;
+use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use wharf_tests::rabbitmq4::{declare, delete};
 
 const SCRIPT: &str = "fixture_script";
@@ -254,7 +254,7 @@ async fn a_failing_head(
             let script = if (k, seq) == (0, 0) {
                 head.to_owned()
             } else {
-                format!("*:send={out}")
+                format!("*:send={out},ack")
             };
             messages.push(keyed(&format!("k{k}"), seq, &script).build());
         }
@@ -425,7 +425,7 @@ async fn a_stop_leaves_a_held_key_to_the_broker_in_order_on_artemis() -> anyhow:
             let script = if (k, seq) == (0, 0) {
                 "1:after=60000".to_owned()
             } else {
-                format!("*:send={out}")
+                format!("*:send={out},ack")
             };
             messages.push(keyed(&format!("k{k}"), seq, &script).build());
         }
@@ -452,6 +452,91 @@ async fn a_stop_leaves_a_held_key_to_the_broker_in_order_on_artemis() -> anyhow:
     let left = take(&mut client, &queue, per_key as usize).await?;
     let expected: Vec<String> = (0..per_key).map(|seq| format!("k0.{seq}")).collect();
     assert_eq!(left, expected);
+    client.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_a_publisher_chooses_are_only_keys_on_artemis() -> anyhow::Result<()> {
+    // Keys of every shape a publisher may send: huge, binary, compound,
+    // null, escapes; a group-id of 60,000 bytes; and none. Each key's three
+    // messages are handled in order, and the keyless ones too.
+    let url = artemis_url();
+    let queue = unique("ordered-hostile");
+    let out = format!("{queue}.out");
+    let mut by_property = ordered(&queue, "property:key", &out, &[]);
+    by_property.name = "property".into();
+    let groups = format!("{queue}.groups");
+    let mut by_group = ordered(&groups, "group-id", &out, &[]);
+    by_group.name = "group".into();
+    let host = TestHost::start(&url, &[by_property, by_group]).await?;
+    let keys: Vec<(&str, Value)> = vec![
+        ("huge", Value::String("k".repeat(50_000))),
+        ("binary", Value::Binary(vec![0xff; 10_000].into())),
+        (
+            "list",
+            Value::List(vec![Value::Long(1), Value::String("two".into())]),
+        ),
+        ("null", Value::Null),
+        ("escapes", Value::String("\u{1b}[2J\r\n\0key".into())),
+        ("text7", Value::String("7".into())),
+        ("long7", Value::Long(7)),
+    ];
+    let per_key = 3;
+    let mut client = Client::connect(&url).await?;
+    let mut messages = Vec::new();
+    let mut group_messages = Vec::new();
+    for seq in 0..per_key {
+        for (name, value) in &keys {
+            let mut message = TestMessage::new(&format!("{name}.{seq}"), &format!("{name}.{seq}"))
+                .script(&format!("*:send={out},ack"))
+                .build();
+            if let Some(properties) = &mut message.application_properties {
+                properties.push(("key".to_owned(), value.clone()));
+            }
+            messages.push(message);
+        }
+        messages.push(
+            TestMessage::new(&format!("none.{seq}"), &format!("none.{seq}"))
+                .script(&format!("*:send={out},ack"))
+                .build(),
+        );
+        for (name, group) in [
+            ("group-huge", "g".repeat(60_000)),
+            ("group-odd", "\u{7f}\n\u{200b}".to_owned()),
+        ] {
+            group_messages.push(
+                TestMessage::new(&format!("{name}.{seq}"), &format!("{name}.{seq}"))
+                    .group(&group, seq)
+                    .script(&format!("*:send={out},ack"))
+                    .build(),
+            );
+        }
+    }
+    client.publish_many(&queue, messages).await?;
+    client.publish_many(&groups, group_messages).await?;
+    let names = keys.len() + 3;
+    let mut watch = client.watch(&out).await?;
+    let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for _ in 0..names * per_key as usize {
+        let (_, message) = watch
+            .next()
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}: so far {seen:?}"))?;
+        let body = String::from_utf8(body_bytes(&message))?;
+        let (name, seq) = body
+            .rsplit_once('.')
+            .ok_or_else(|| anyhow::anyhow!("not NAME.SEQ: {body:?}"))?;
+        seen.entry(name.to_owned()).or_default().push(seq.parse()?);
+    }
+    watch.close().await;
+    assert_eq!(seen.len(), names, "{seen:?}");
+    for (name, sequence) in &seen {
+        if name != "none" {
+            assert_eq!(sequence, &[0, 1, 2], "{name} out of order");
+        }
+    }
+    host.stop().await?;
     client.close().await;
     Ok(())
 }
