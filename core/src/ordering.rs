@@ -89,28 +89,39 @@ pub type Key = [u8; 16];
 /// The longest key a span or a log line shows, in bytes.
 pub const SHOWN_KEY_BYTES: usize = 64;
 
-/// The key of `message` on a mount ordered by `order_by`, and the key as a
-/// person reads it (bounded, escaped); `None` when the message carries none:
-/// it runs unordered.
-pub fn key_of(order_by: &OrderBy, message: &AmqpMessage) -> Option<(Key, String)> {
+/// The key of `message` on a mount ordered by `order_by`; `None` when the
+/// message carries none: it runs unordered.
+pub fn key_of(order_by: &OrderBy, message: &AmqpMessage) -> Option<Key> {
     use sha2::Digest as _;
-    let (bytes, text) = match order_by {
-        OrderBy::GroupId => {
-            let group = message.properties.as_ref()?.group_id.as_ref()?;
-            (group.as_bytes().to_vec(), group.clone())
-        }
+    let full = match order_by {
+        OrderBy::GroupId => sha2::Sha256::digest(group_id(message)?.as_bytes()),
+        // The value's encoding tells types apart; it cannot fail for a
+        // value that was decoded.
         OrderBy::Property(name) => {
-            let value = message.property(name)?;
-            // The value's encoding tells types apart; it cannot fail for a
-            // value that was decoded.
-            let bytes = serde_amqp::to_vec(value).ok()?;
-            (bytes, crate::message::property_text(value))
+            sha2::Sha256::digest(serde_amqp::to_vec(message.property(name)?).ok()?)
         }
     };
-    let full = sha2::Sha256::digest(&bytes);
     let mut key = [0; 16];
     key.copy_from_slice(&full[..16]);
-    Some((key, shown_up_to(&text, SHOWN_KEY_BYTES).to_string()))
+    Some(key)
+}
+
+/// The key of `message` as a person reads it: bounded to
+/// [`SHOWN_KEY_BYTES`], escaped. Only for what is shown (a span), so the
+/// text is made only when it is.
+pub fn shown_key(order_by: &OrderBy, message: &AmqpMessage) -> Option<String> {
+    let shown = match order_by {
+        OrderBy::GroupId => shown_up_to(group_id(message)?, SHOWN_KEY_BYTES).to_string(),
+        OrderBy::Property(name) => {
+            let text = crate::message::property_text(message.property(name)?);
+            shown_up_to(&text, SHOWN_KEY_BYTES).to_string()
+        }
+    };
+    Some(shown)
+}
+
+fn group_id(message: &AmqpMessage) -> Option<&String> {
+    message.properties.as_ref()?.group_id.as_ref()
 }
 
 /// Each key's deliveries in arrival order: the first one runs, the others

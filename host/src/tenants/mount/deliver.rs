@@ -29,8 +29,8 @@ pub(super) enum Slot {
     /// mount; no turn for a message without a key), and again for each
     /// attempt it runs in place.
     InTurn {
-        /// Its place in its key's line, and the key as shown.
-        turn: Option<(WaitTurn, String)>,
+        /// Its place in its key's line.
+        turn: Option<WaitTurn>,
         handlers: Arc<Semaphore>,
     },
 }
@@ -67,8 +67,10 @@ pub(super) async fn handle(
             Slot::Taken(permit) => (permit, None, None),
             Slot::InTurn { turn, handlers } => {
                 let turn = match turn {
-                    Some((wait, key)) => {
-                        report.keyed(&key);
+                    Some(wait) => {
+                        if let Some(order_by) = &spec.config.order_by {
+                            report.keyed(order_by, &message);
+                        }
                         // A stop leaves what has not run to the broker.
                         let Some(turn) = flush.run_until_cancelled(wait.wait()).await else {
                             return;

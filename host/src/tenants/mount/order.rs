@@ -41,12 +41,11 @@ impl Turns {
         })
     }
 
-    /// `message` arrived: its turn, now or behind its key's earlier ones,
-    /// and its key as shown; none for a message without a key. Called by
-    /// the receive loop alone, in arrival order.
-    pub(super) fn arrive(self: &Arc<Self>, message: &AmqpMessage) -> Option<(WaitTurn, String)> {
-        let (key, shown) = key_of(&self.order_by, message)?;
-        Some((self.turn(key), shown))
+    /// `message` arrived: its turn, now or behind its key's earlier ones;
+    /// none for a message without a key. Called by the receive loop alone,
+    /// in arrival order.
+    pub(super) fn arrive(self: &Arc<Self>, message: &AmqpMessage) -> Option<WaitTurn> {
+        Some(self.turn(key_of(&self.order_by, message)?))
     }
 
     fn turn(self: &Arc<Self>, key: Key) -> WaitTurn {

@@ -18,6 +18,7 @@ use crate::events::{Event, Handled};
 use crate::sandbox::{Failure, LogTags, Module, Outcome as HandlerOutcome};
 use crate::telemetry::Span;
 use wharf_core::message::AmqpMessage;
+use wharf_core::ordering::{OrderBy, shown_key};
 use wharf_core::settlement::{Counters, DelayPath, Disposition, Outcome, Plan, Policy, Publish};
 use wharf_core::text::{self, shown, shown_up_to};
 use wharf_core::trace::{Hex, Malformed, TraceContext};
@@ -220,9 +221,11 @@ impl DeliveryReport {
         }
     }
 
-    /// The key of an ordered mount's delivery, as shown.
-    pub(super) fn keyed(&mut self, key: &str) {
-        if let Some(span) = &mut self.process {
+    /// The key `message` is ordered by, on its exported span.
+    pub(super) fn keyed(&mut self, order_by: &OrderBy, message: &AmqpMessage) {
+        if let Some(span) = &mut self.process
+            && let Some(key) = shown_key(order_by, message)
+        {
             span.set("wharf.order.key", key);
         }
     }
