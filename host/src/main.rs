@@ -19,6 +19,7 @@ use wharf_core::config::{Broker, Config, RegistrySettings, SaslMechanism};
 use wharf_core::endpoint::Endpoint;
 use wharf_core::grants::ReplyGrant;
 use wharf_core::grants::{AddressPattern, Grants, HttpGrants, HttpPattern, Output, OutputLimits};
+use wharf_core::message::Fields;
 use wharf_core::oci::ModuleReference;
 
 #[derive(Parser)]
@@ -42,6 +43,63 @@ enum LogFormat {
 }
 
 /// The broker `wharf send` and `wharf request` talk to.
+/// A message's AMQP fields beyond body and application properties.
+#[derive(clap::Args)]
+struct FieldArgs {
+    /// `group-id`: the message group (Artemis, ActiveMQ Classic) and an
+    /// ordered mount's key with `order_by = "group-id"`.
+    #[arg(long)]
+    group_id: Option<String>,
+    /// `group-sequence` (`wharf send`: of the first message, counting up
+    /// with each).
+    #[arg(long)]
+    group_sequence: Option<u32>,
+    /// `reply-to-group-id`.
+    #[arg(long)]
+    reply_to_group_id: Option<String>,
+    /// `header.priority`, 0 to 255 (brokers order by 0 to 9; 4 by default).
+    #[arg(long)]
+    priority: Option<u8>,
+    /// Not durable (`header.durable` false): the broker may keep it in
+    /// memory only.
+    #[arg(long)]
+    transient: bool,
+    /// `creation-time`, milliseconds since the Unix epoch.
+    #[arg(long)]
+    creation_time: Option<i64>,
+    /// `absolute-expiry-time`, milliseconds since the Unix epoch.
+    #[arg(long)]
+    absolute_expiry_time: Option<i64>,
+    /// `to`: the address written on the message.
+    #[arg(long)]
+    to: Option<String>,
+    /// `user-id`, as the bytes of this text (brokers may check it against
+    /// the login).
+    #[arg(long)]
+    user_id: Option<String>,
+    /// A message annotation, `key=value` (a string; AMQP wants keys that
+    /// start with `x-`); repeatable.
+    #[arg(long = "annotation", value_parser = parse_property)]
+    annotations: Vec<(String, String)>,
+}
+
+impl FieldArgs {
+    fn fields(&self) -> Fields {
+        Fields {
+            to: self.to.clone(),
+            user_id: self.user_id.clone().map(String::into_bytes),
+            group_id: self.group_id.clone(),
+            group_sequence: self.group_sequence,
+            reply_to_group_id: self.reply_to_group_id.clone(),
+            creation_time: self.creation_time,
+            absolute_expiry_time: self.absolute_expiry_time,
+            priority: self.priority,
+            durable: !self.transient,
+            first_acquirer: false,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct BrokerChoice {
     /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672 (amqps:// trusts
@@ -90,6 +148,8 @@ enum Command {
         /// An application property, `key=value` (a string); repeatable.
         #[arg(long = "property", short = 'p', value_parser = parse_property)]
         properties: Vec<(String, String)>,
+        #[command(flatten)]
+        fields: FieldArgs,
         /// One message per body.
         #[arg(required = true)]
         bodies: Vec<String>,
@@ -160,6 +220,11 @@ enum Command {
         /// The delivery's `reply-to`; grants `reply`.
         #[arg(long)]
         reply_to: Option<String>,
+        #[command(flatten)]
+        fields: FieldArgs,
+        /// `header.first-acquirer`.
+        #[arg(long)]
+        first_acquirer: bool,
     },
     /// Print the KEDA `ScaledObject` that scales a Deployment of this
     /// config on its mounts' backlog: `wharf kube scaledobject --broker
@@ -395,11 +460,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
             broker,
             address,
             properties,
+            fields,
             bodies,
         } => {
             let options = SendOptions {
                 address,
                 properties,
+                fields: fields.fields(),
+                annotations: fields.annotations,
                 timeout: Duration::from_secs(30),
                 ..send_options(broker, "send")?
             };
@@ -438,8 +506,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
             send,
             http,
             reply_to,
+            fields,
+            first_acquirer,
         } => {
             let input = InvokeInput {
+                fields: Fields {
+                    first_acquirer,
+                    ..fields.fields()
+                },
+                annotations: fields.annotations,
                 body: body.into_bytes(),
                 properties,
                 attempt,
@@ -560,6 +635,11 @@ fn send_options(choice: BrokerChoice, command: &str) -> anyhow::Result<SendOptio
         connect,
         address: String::new(),
         properties: Vec::new(),
+        fields: Fields {
+            durable: true,
+            ..Fields::default()
+        },
+        annotations: Vec::new(),
         timeout: Duration::from_secs(30),
         reply_to: None,
     })
@@ -627,6 +707,23 @@ fn describe_output(output: &wharf::sandbox::Outgoing) -> String {
     }
     if let Some(subject) = &message.subject {
         line += &format!(" subject={}", shown(subject));
+    }
+    if let Some(group) = &message.group_id {
+        line += &format!(" group-id={}", shown(group));
+    }
+    if let Some(group) = &message.reply_to_group_id {
+        line += &format!(" reply-to-group-id={}", shown(group));
+    }
+    let numbers = [
+        ("group-sequence", message.group_sequence.map(i64::from)),
+        ("priority", message.priority.map(i64::from)),
+        ("creation-time", message.creation_time),
+        ("absolute-expiry-time", message.absolute_expiry_time),
+    ];
+    for (name, number) in numbers {
+        if let Some(number) = number {
+            line += &format!(" {name}={number}");
+        }
     }
     for property in &message.properties {
         let value = match &property.value {

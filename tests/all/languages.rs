@@ -16,7 +16,7 @@ use crate::tenants::start_tenants;
 use crate::{MountToml, TenantToml, repo_root, start_with_client, unique, wait_for_count};
 
 /// The `flaky` example in each language, with the grants its runtime needs.
-const FLAKY: &[(&str, &[&str])] = &[
+pub(crate) const FLAKY: &[(&str, &[&str])] = &[
     ("flaky", &[]),
     ("flaky_c", &[]),
     // The Go runtime reads the clock and random bytes as it starts.

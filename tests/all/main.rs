@@ -7,6 +7,7 @@ mod brokers;
 mod container;
 mod errors;
 mod faults;
+mod fields;
 mod hostile;
 mod hostile_handlers;
 mod http;

@@ -29,7 +29,7 @@ use limits::ValueLimits;
 pub use output::OutputMessage;
 pub use seal::RETRY_SEAL_PROPERTY;
 pub use sections::DecodeFailure;
-pub use view::{Delivery, DeliveryContext, Property, PropertyValue, to_delivery};
+pub use view::{Delivery, DeliveryContext, Fields, Property, PropertyValue, to_delivery};
 
 /// The application property Artemis detects duplicates by: a second
 /// message with the same value on an address is dropped.

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use fe2o3_amqp_types::messaging::{Batch, Body, Data, Header, MessageId, Properties};
 use fe2o3_amqp_types::primitives::{Binary, Symbol, Timestamp, Value};
 
-use super::{ARTEMIS_DUPLICATE_ID, AmqpMessage, Property, PropertyValue};
+use super::{ARTEMIS_DUPLICATE_ID, AmqpMessage, Fields, Property, PropertyValue};
 
 /// What a handler sent through its outbox: the WIT outbox `message`
 /// record, lifted out of the sandbox by the host.
@@ -27,6 +27,18 @@ pub struct OutputMessage {
     pub durable: bool,
     /// Milliseconds before it is due, on brokers that schedule messages.
     pub delay: Option<u64>,
+    /// `properties.group-id`.
+    pub group_id: Option<String>,
+    /// `properties.group-sequence`.
+    pub group_sequence: Option<u32>,
+    /// `properties.reply-to-group-id`.
+    pub reply_to_group_id: Option<String>,
+    /// `header.priority`.
+    pub priority: Option<u8>,
+    /// `properties.creation-time`, milliseconds since the Unix epoch.
+    pub creation_time: Option<i64>,
+    /// `properties.absolute-expiry-time`, milliseconds since the Unix epoch.
+    pub absolute_expiry_time: Option<i64>,
 }
 
 impl OutputMessage {
@@ -51,6 +63,7 @@ impl OutputMessage {
         let mut output = AmqpMessage {
             header: Some(Header {
                 durable: self.durable,
+                priority: self.priority.unwrap_or(Fields::DEFAULT_PRIORITY).into(),
                 ..Header::default()
             }),
             delivery_annotations: None,
@@ -60,6 +73,11 @@ impl OutputMessage {
                 correlation_id: self.correlation_id.clone().map(MessageId::String),
                 content_type: self.content_type.clone().map(Symbol::from),
                 subject: self.subject.clone(),
+                group_id: self.group_id.clone(),
+                group_sequence: self.group_sequence,
+                reply_to_group_id: self.reply_to_group_id.clone(),
+                creation_time: self.creation_time.map(Timestamp::from_milliseconds),
+                absolute_expiry_time: self.absolute_expiry_time.map(Timestamp::from_milliseconds),
                 ..Properties::default()
             }),
             application_properties: (!properties.is_empty()).then_some(properties),

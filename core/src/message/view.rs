@@ -25,8 +25,12 @@ pub struct Delivery {
     pub correlation_id: Option<String>,
     /// `properties.reply-to`.
     pub reply_to: Option<String>,
+    /// The AMQP header and properties fields beyond the ones above.
+    pub fields: Fields,
     /// Application properties, in the order they arrived.
     pub properties: Vec<Property>,
+    /// Message annotations, in the order they arrived, keys as text.
+    pub annotations: Vec<Property>,
     /// The subscription address.
     pub address: String,
     /// The tenant's name.
@@ -37,6 +41,58 @@ pub struct Delivery {
     pub attempt: u32,
     /// Whether the delivery arrived settled.
     pub presettled: bool,
+}
+
+/// A message's AMQP header and properties fields that carry no body,
+/// identity or routing wharf acts on: what a handler reads of a delivery
+/// and (but `to`, `user-id` and `first-acquirer`) sets on an output.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Fields {
+    /// `properties.to`.
+    pub to: Option<String>,
+    /// `properties.user-id`.
+    pub user_id: Option<Vec<u8>>,
+    /// `properties.group-id`.
+    pub group_id: Option<String>,
+    /// `properties.group-sequence`.
+    pub group_sequence: Option<u32>,
+    /// `properties.reply-to-group-id`.
+    pub reply_to_group_id: Option<String>,
+    /// `properties.creation-time`, milliseconds since the Unix epoch.
+    pub creation_time: Option<i64>,
+    /// `properties.absolute-expiry-time`, milliseconds since the Unix epoch.
+    pub absolute_expiry_time: Option<i64>,
+    /// `header.priority`; `None` when the message has no header.
+    pub priority: Option<u8>,
+    /// `header.durable`.
+    pub durable: bool,
+    /// `header.first-acquirer`.
+    pub first_acquirer: bool,
+}
+
+impl Fields {
+    /// The priority AMQP gives a message that names none.
+    pub const DEFAULT_PRIORITY: u8 = 4;
+
+    /// What `message`'s header and properties sections say.
+    pub fn of(message: &AmqpMessage) -> Fields {
+        let header = message.header.as_ref();
+        let properties = message.properties.as_ref();
+        let time =
+            |t: Option<&fe2o3_amqp_types::primitives::Timestamp>| t.map(|t| t.milliseconds());
+        Fields {
+            to: properties.and_then(|p| p.to.clone()),
+            user_id: properties.and_then(|p| p.user_id.as_ref().map(|b| b.to_vec())),
+            group_id: properties.and_then(|p| p.group_id.clone()),
+            group_sequence: properties.and_then(|p| p.group_sequence),
+            reply_to_group_id: properties.and_then(|p| p.reply_to_group_id.clone()),
+            creation_time: time(properties.and_then(|p| p.creation_time.as_ref())),
+            absolute_expiry_time: time(properties.and_then(|p| p.absolute_expiry_time.as_ref())),
+            priority: header.map(|h| h.priority.0),
+            durable: header.is_some_and(|h| h.durable),
+            first_acquirer: header.is_some_and(|h| h.first_acquirer),
+        }
+    }
 }
 
 /// One application property as the handler sees it.
@@ -105,12 +161,22 @@ pub fn to_delivery(message: &AmqpMessage, context: DeliveryContext<'_>) -> Deliv
         message_id: properties.and_then(|p| p.message_id.as_ref().map(message_id_text)),
         correlation_id: properties.and_then(|p| p.correlation_id.as_ref().map(message_id_text)),
         reply_to: properties.and_then(|p| p.reply_to.clone()),
+        fields: Fields::of(message),
         properties: message
             .application_properties
             .iter()
             .flatten()
             .map(|(key, value)| Property {
                 key: key.clone(),
+                value: property_value(value),
+            })
+            .collect(),
+        annotations: message
+            .message_annotations
+            .iter()
+            .flat_map(|annotations| annotations.0.iter())
+            .map(|(key, value)| Property {
+                key: annotation_key(key),
                 value: property_value(value),
             })
             .collect(),
@@ -148,6 +214,16 @@ pub(super) fn body_bytes(body: &Body<Value>) -> (Vec<u8>, bool) {
             (Json::Array(items).to_string().into_bytes(), true)
         }
         Body::Empty => (Vec::new(), false),
+    }
+}
+
+/// An annotation's key as text: a symbol as itself, a numeric key as its
+/// decimal digits.
+fn annotation_key(key: &fe2o3_amqp_types::messaging::annotations::OwnedKey) -> String {
+    use fe2o3_amqp_types::messaging::annotations::OwnedKey;
+    match key {
+        OwnedKey::Symbol(symbol) => symbol.0.clone(),
+        OwnedKey::Ulong(n) => n.to_string(),
     }
 }
 

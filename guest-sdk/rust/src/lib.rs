@@ -73,6 +73,14 @@ impl Delivery {
             .map(|p| &p.value)
     }
 
+    /// The value of the first message annotation called `key`.
+    pub fn annotation(&self, key: &str) -> Option<&Value> {
+        self.annotations
+            .iter()
+            .find(|p| p.key == key)
+            .map(|p| &p.value)
+    }
+
     /// The application property `key` if it is a string.
     pub fn property_str(&self, key: &str) -> Option<&str> {
         match self.property(key)? {
@@ -94,6 +102,12 @@ impl Message {
             properties: Vec::new(),
             durable: true,
             delay: None,
+            group_id: None,
+            group_sequence: None,
+            reply_to_group_id: None,
+            priority: None,
+            creation_time: None,
+            absolute_expiry_time: None,
         }
     }
 
@@ -141,6 +155,44 @@ impl Message {
     /// that schedule messages (Artemis).
     pub fn with_delay(mut self, delay: Duration) -> Message {
         self.delay = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Sets `group-id`: the broker's message group on Artemis and ActiveMQ
+    /// Classic, and the key of a mount with `order_by = "group-id"`.
+    pub fn with_group_id(mut self, group: &str) -> Message {
+        self.group_id = Some(group.to_owned());
+        self
+    }
+
+    /// Sets `group-sequence`.
+    pub fn with_group_sequence(mut self, sequence: u32) -> Message {
+        self.group_sequence = Some(sequence);
+        self
+    }
+
+    /// Sets `reply-to-group-id`.
+    pub fn with_reply_to_group_id(mut self, group: &str) -> Message {
+        self.reply_to_group_id = Some(group.to_owned());
+        self
+    }
+
+    /// Sets `header.priority` (brokers order by 0 to 9; 4 when unset).
+    pub fn with_priority(mut self, priority: u8) -> Message {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Sets `creation-time`, milliseconds since the Unix epoch.
+    pub fn with_creation_time(mut self, millis: i64) -> Message {
+        self.creation_time = Some(millis);
+        self
+    }
+
+    /// Sets `absolute-expiry-time`, milliseconds since the Unix epoch:
+    /// brokers that honour it discard the message after.
+    pub fn with_absolute_expiry_time(mut self, millis: i64) -> Message {
+        self.absolute_expiry_time = Some(millis);
         self
     }
 }

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use wit_component::{ComponentEncoder, StringEncoding};
 use wit_parser::Resolve;
 
-use super::{HANDLER_WIT, HANDLER_WIT_0_1};
+use super::{HANDLER_WIT, HANDLER_WIT_0_1, HANDLER_WIT_0_2};
 
 /// The module name preview1 programs import WASI from.
 const PREVIEW1: &str = "wasi_snapshot_preview1";
@@ -27,10 +27,15 @@ pub struct ComponentizeOptions {
 pub fn componentize(core: &[u8], options: ComponentizeOptions) -> anyhow::Result<Vec<u8>> {
     let mut module = core.to_vec();
     if !has_component_type(core)? {
-        // A module generated from the first contract imports its log by
-        // that version's name.
+        // A module generated from an earlier contract imports its log or
+        // outbox by that version's name. One that imports neither is taken
+        // for today's: its `handle` is read with today's delivery.
         let wit = if imports_module(core, "wharf:handler/log@0.1.0")? {
             HANDLER_WIT_0_1
+        } else if imports_module(core, "wharf:handler/log@0.2.0")?
+            || imports_module(core, "wharf:handler/outbox@0.2.0")?
+        {
+            HANDLER_WIT_0_2
         } else {
             HANDLER_WIT
         };

@@ -11,6 +11,7 @@ use crate::sandbox::{
 use wharf_core::config::InstancePolicy;
 use wharf_core::config::{LogLevel, Mount, TenantBudget};
 use wharf_core::grants::Grants;
+use wharf_core::message::Fields;
 
 /// What the made-up delivery carries.
 #[derive(Debug, Clone, Default)]
@@ -23,6 +24,10 @@ pub struct InvokeInput {
     pub attempt: u32,
     /// The delivery's `reply-to`.
     pub reply_to: Option<String>,
+    /// Its other AMQP header and properties fields.
+    pub fields: Fields,
+    /// String message annotations.
+    pub annotations: Vec<(String, String)>,
     /// What the handler may use.
     pub grants: Grants,
 }
@@ -38,6 +43,24 @@ impl InvokeInput {
             message_id: Some("invoke-1".to_owned()),
             correlation_id: None,
             reply_to: self.reply_to.clone(),
+            to: self.fields.to.clone(),
+            user_id: self.fields.user_id.clone(),
+            group_id: self.fields.group_id.clone(),
+            group_sequence: self.fields.group_sequence,
+            reply_to_group_id: self.fields.reply_to_group_id.clone(),
+            creation_time: self.fields.creation_time,
+            absolute_expiry_time: self.fields.absolute_expiry_time,
+            priority: self.fields.priority.unwrap_or(Fields::DEFAULT_PRIORITY),
+            durable: self.fields.durable,
+            first_acquirer: self.fields.first_acquirer,
+            annotations: self
+                .annotations
+                .iter()
+                .map(|(key, value)| Property {
+                    key: key.clone(),
+                    value: Value::String(value.clone()),
+                })
+                .collect(),
             properties: self
                 .properties
                 .iter()

@@ -4,14 +4,16 @@
 use std::time::Duration;
 
 use fe2o3_amqp::types::messaging::{
-    AmqpValue, ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties,
+    AmqpValue, ApplicationProperties, Body, Header, Message, MessageAnnotations, MessageId,
+    Outcome, Properties,
 };
-use fe2o3_amqp::types::primitives::Value;
+use fe2o3_amqp::types::primitives::{Binary, Symbol, Timestamp, Value};
 use fe2o3_amqp::{Receiver, Sender};
 
 use super::error::{AttachFailure, PublishFailure};
 use super::{BrokerConnection, BrokerError, ConnectOptions};
 use wharf_core::endpoint::Endpoint;
+use wharf_core::message::Fields;
 
 /// Where and how `wharf send` publishes.
 #[derive(Debug, Clone)]
@@ -24,6 +26,11 @@ pub struct SendOptions {
     pub address: String,
     /// String application properties every message carries.
     pub properties: Vec<(String, String)>,
+    /// The header and properties fields every message carries; its
+    /// `group-sequence` is the first message's, counting up.
+    pub fields: Fields,
+    /// String message annotations every message carries.
+    pub annotations: Vec<(String, String)>,
     /// How long each publish may take (`wharf request`: the whole exchange).
     pub timeout: Duration,
     /// `wharf request`: where the reply goes, instead of a queue of its own.
@@ -49,7 +56,15 @@ pub async fn send(options: &SendOptions, bodies: &[String]) -> Result<(), Broker
         })?;
     for (n, body) in bodies.iter().enumerate() {
         let id = format!("wharf-send-{}-{n}", std::process::id());
-        let message = message(options, body, Properties::builder().message_id(id).build());
+        let sequence = options
+            .fields
+            .group_sequence
+            .map(|first| first.wrapping_add(n as u32));
+        let properties = Properties {
+            group_sequence: sequence,
+            ..Properties::builder().message_id(id).build()
+        };
+        let message = message(options, body, properties);
         let sent = tokio::time::timeout(options.timeout, sender.send(message)).await;
         outcome_of(sent, options.timeout).map_err(publish_error)?;
         println!("sent {body:?} to {address}");
@@ -73,8 +88,9 @@ fn outcome_of(
     }
 }
 
-/// A durable message with `body` (an `amqp-value` string), `properties`
-/// and the options' application properties.
+/// A message with `body` (an `amqp-value` string), `properties` (its
+/// group-sequence, ids and reply-to) and the options' fields, application
+/// properties and annotations.
 fn message(
     options: &SendOptions,
     body: &str,
@@ -84,15 +100,36 @@ fn message(
     for (key, value) in &options.properties {
         app = app.insert(key.as_str(), value.as_str());
     }
-    Message::builder()
+    let fields = &options.fields;
+    let time = |ms: Option<i64>| ms.map(Timestamp::from_milliseconds);
+    let properties = Properties {
+        to: fields.to.clone(),
+        user_id: fields.user_id.clone().map(Binary::from),
+        group_id: fields.group_id.clone(),
+        group_sequence: properties.group_sequence.or(fields.group_sequence),
+        reply_to_group_id: fields.reply_to_group_id.clone(),
+        creation_time: time(fields.creation_time),
+        absolute_expiry_time: time(fields.absolute_expiry_time),
+        ..properties
+    };
+    let mut annotations = MessageAnnotations::builder();
+    for (key, value) in &options.annotations {
+        annotations = annotations.insert(Symbol::from(key.as_str()), Value::from(value.as_str()));
+    }
+    let builder = Message::builder()
         .header(Header {
-            durable: true,
+            durable: fields.durable,
+            priority: fields.priority.unwrap_or(Fields::DEFAULT_PRIORITY).into(),
             ..Header::default()
         })
         .properties(properties)
-        .application_properties(app.build())
-        .value(body.to_owned())
-        .build()
+        .application_properties(app.build());
+    let builder = if options.annotations.is_empty() {
+        builder
+    } else {
+        builder.message_annotations(annotations.build())
+    };
+    builder.value(body.to_owned()).build()
 }
 
 /// A reply `wharf request` received.

@@ -113,6 +113,16 @@ impl Sandbox {
             StoreState::outbox_view,
         )
         .map_err(to_anyhow)?;
+        super::bindings_0_2::wharf::handler::log::add_to_linker::<_, HasLog>(
+            &mut without_http,
+            StoreState::log_view,
+        )
+        .map_err(to_anyhow)?;
+        super::bindings_0_2::wharf::handler::outbox::add_to_linker::<_, HasOutbox>(
+            &mut without_http,
+            StoreState::outbox_view,
+        )
+        .map_err(to_anyhow)?;
         super::bindings_0_1::wharf::handler::log::add_to_linker::<_, HasLog>(
             &mut without_http,
             StoreState::log_view,

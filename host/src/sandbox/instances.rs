@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::bindings::{Handler, HandlerPre};
+use super::contract::{Handler, HandlerPre};
 use super::cpu::{CpuLane, OnCpu};
 use super::http::HttpConnections;
 use super::http::HttpTrace;
@@ -318,7 +318,7 @@ struct Instance {
 
 impl Instances {
     /// The module's instance template for this mount's grants.
-    fn pre(&self) -> &HandlerPre<StoreState> {
+    fn pre(&self) -> &HandlerPre {
         let http = !self.setup.grants.http.allowed.is_empty();
         self.module.compiled.pre(http)
     }

@@ -7,6 +7,7 @@
 //! fresh or reused instances and reports either the handler's outcome or why
 //! it failed.
 
+mod contract;
 mod cpu;
 mod disk_cache;
 mod engine;
@@ -45,9 +46,20 @@ pub mod bindings {
     });
 }
 
+/// Bindings of the second contract, `wit/v0.2.0`: the host still provides
+/// its imports and calls its `handle`, so components built against it keep
+/// running. A 0.1.0 `handle` has the same shape, so those are called alike.
+pub mod bindings_0_2 {
+    #![allow(missing_docs)]
+    wasmtime::component::bindgen!({
+        path: "../wit/v0.2.0",
+        world: "handler",
+        exports: { default: async },
+    });
+}
+
 /// Bindings of the first contract, `wit/v0.1.0`: the host still provides
-/// its imports, so components built against it keep running. Its `handle`
-/// has the same shape as today's, so they are called alike.
+/// its `log`.
 pub mod bindings_0_1 {
     #![allow(missing_docs)]
     wasmtime::component::bindgen!({
@@ -68,14 +80,21 @@ impl From<wharf_core::message::Delivery> for Delivery {
             message_id: delivery.message_id,
             correlation_id: delivery.correlation_id,
             reply_to: delivery.reply_to,
-            properties: delivery
-                .properties
-                .into_iter()
-                .map(|p| Property {
-                    key: p.key,
-                    value: p.value.into(),
-                })
-                .collect(),
+            to: delivery.fields.to,
+            user_id: delivery.fields.user_id,
+            group_id: delivery.fields.group_id,
+            group_sequence: delivery.fields.group_sequence,
+            reply_to_group_id: delivery.fields.reply_to_group_id,
+            creation_time: delivery.fields.creation_time,
+            absolute_expiry_time: delivery.fields.absolute_expiry_time,
+            priority: delivery
+                .fields
+                .priority
+                .unwrap_or(wharf_core::message::Fields::DEFAULT_PRIORITY),
+            durable: delivery.fields.durable,
+            first_acquirer: delivery.fields.first_acquirer,
+            properties: properties(delivery.properties),
+            annotations: properties(delivery.annotations),
             address: delivery.address,
             tenant: delivery.tenant,
             mount: delivery.mount,
@@ -103,8 +122,24 @@ impl From<OutboxMessage> for wharf_core::message::OutputMessage {
                 .collect(),
             durable: message.durable,
             delay: message.delay,
+            group_id: message.group_id,
+            group_sequence: message.group_sequence,
+            reply_to_group_id: message.reply_to_group_id,
+            priority: message.priority,
+            creation_time: message.creation_time,
+            absolute_expiry_time: message.absolute_expiry_time,
         }
     }
+}
+
+fn properties(properties: Vec<wharf_core::message::Property>) -> Vec<Property> {
+    properties
+        .into_iter()
+        .map(|p| Property {
+            key: p.key,
+            value: p.value.into(),
+        })
+        .collect()
 }
 
 impl From<Value> for wharf_core::message::PropertyValue {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Trap};
 
-use super::bindings::HandlerPre;
+use super::contract::HandlerPre;
 use super::disk_cache::DiskCache;
 use super::grants::{self, Denied};
 use super::store::StoreState;
@@ -145,9 +145,9 @@ pub struct Module {
 /// The code of a module, shared by every file with the same contents.
 pub(super) struct Compiled {
     pub(super) engine: Engine,
-    pre: HandlerPre<StoreState>,
+    pre: HandlerPre,
     /// The same with `wasi:http` denied, for mounts without `grants.http`.
-    pre_without_http: HandlerPre<StoreState>,
+    pre_without_http: HandlerPre,
     version: Arc<str>,
     needs: PoolNeeds,
     initial_memory: u64,
@@ -158,7 +158,7 @@ pub(super) struct Compiled {
 impl Compiled {
     /// The instance template for a mount with (`http`) or without
     /// `grants.http`.
-    pub(super) fn pre(&self, http: bool) -> &HandlerPre<StoreState> {
+    pub(super) fn pre(&self, http: bool) -> &HandlerPre {
         if http {
             &self.pre
         } else {

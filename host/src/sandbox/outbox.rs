@@ -120,6 +120,8 @@ fn size(address: &Untrusted, message: &Message) -> u64 {
         + text(&message.subject)
         + text(&message.message_id)
         + text(&message.correlation_id)
+        + text(&message.group_id)
+        + text(&message.reply_to_group_id)
         + properties) as u64
 }
 
