@@ -3,6 +3,12 @@
 // dropped, anything else is acknowledged. "publish:ADDRESS" also sends the
 // body on to ADDRESS (and answers the message's reply-to, if it has one),
 // published with the ack; it is dropped if the mount does not grant that.
+// "mirror:ADDRESS" sends one message to ADDRESS that mirrors the delivery:
+// its body, group-id, group-sequence, reply-to-group-id, creation-time,
+// absolute-expiry-time, priority and durable, and as application properties
+// the delivery's own, then "to" (string) and "user-id" (bytes) when it has
+// them, "first-acquirer" (boolean), and "annotation:KEY" for each message
+// annotation; acknowledged if that is sent, else dropped.
 package main
 
 import (
@@ -24,6 +30,8 @@ func handle(d wharf.Delivery) wharf.Outcome {
 		outcome = wharf.Drop()
 	case ok && strings.HasPrefix(body, "publish:"):
 		outcome = publish(d, strings.TrimPrefix(body, "publish:"))
+	case ok && strings.HasPrefix(body, "mirror:"):
+		outcome = mirror(d, strings.TrimPrefix(body, "mirror:"))
 	default:
 		outcome = wharf.Ack()
 	}
@@ -43,6 +51,38 @@ func publish(d wharf.Delivery, address string) wharf.Outcome {
 	if err == nil && d.ReplyTo != "" {
 		err = wharf.Reply(wharf.Message{Body: []byte("sent to " + address)})
 	}
+	if err != nil {
+		wharf.Warn(err.Error())
+		return wharf.Drop()
+	}
+	return wharf.Ack()
+}
+
+func mirror(d wharf.Delivery, address string) wharf.Outcome {
+	props := make([]wharf.Property, 0, len(d.Properties)+3+len(d.Annotations))
+	props = append(props, d.Properties...)
+	if d.To != "" {
+		props = append(props, wharf.Property{Key: "to", Value: d.To})
+	}
+	if d.UserID != nil {
+		props = append(props, wharf.Property{Key: "user-id", Value: d.UserID})
+	}
+	props = append(props, wharf.Property{Key: "first-acquirer", Value: d.FirstAcquirer})
+	for _, a := range d.Annotations {
+		props = append(props, wharf.Property{Key: "annotation:" + a.Key, Value: a.Value})
+	}
+	priority := d.Priority
+	err := wharf.Send(address, wharf.Message{
+		Body:               d.Body,
+		GroupID:            d.GroupID,
+		GroupSequence:      d.GroupSequence,
+		ReplyToGroupID:     d.ReplyToGroupID,
+		CreationTime:       d.CreationTime,
+		AbsoluteExpiryTime: d.AbsoluteExpiryTime,
+		Priority:           &priority,
+		Transient:          !d.Durable,
+		Properties:         props,
+	})
 	if err != nil {
 		wharf.Warn(err.Error())
 		return wharf.Drop()

@@ -3,6 +3,12 @@
 // anything else is acknowledged. `publish:ADDRESS` also sends the body on to
 // ADDRESS (and answers the message's reply-to, if it has one), published
 // with the ack; it is dropped if the mount does not grant that.
+// `mirror:ADDRESS` sends one message to ADDRESS that mirrors the delivery:
+// its body, group-id, group-sequence, reply-to-group-id, creation-time,
+// absolute-expiry-time, priority and durable; its application properties,
+// then `to` and `user-id` (when it has them), `first-acquirer`, and each
+// message annotation as a property `annotation:KEY`. Acknowledged when the
+// send is taken, dropped (with a warning) when not.
 import { handler, ack, retry, retryAfter, drop, log, send, reply, SendError } from 'wharf';
 
 export const handle = handler((d) => {
@@ -19,7 +25,9 @@ export const handle = handler((d) => {
       outcome = drop();
       break;
     default:
-      outcome = body?.startsWith('publish:') ? publish(d, body.slice('publish:'.length)) : ack();
+      if (body?.startsWith('publish:')) outcome = publish(d, body.slice('publish:'.length));
+      else if (body?.startsWith('mirror:')) outcome = mirror(d, body.slice('mirror:'.length));
+      else outcome = ack();
   }
   log.info(`attempt ${d.attempt} of ${JSON.stringify(body ?? '<binary>')}: ${describe(outcome)}`);
   return outcome;
@@ -30,6 +38,36 @@ function publish(d, address) {
   try {
     send(address, { body: d.body, subject: 'flaky', properties: { attempt: d.attempt } });
     if (d.replyTo !== undefined) reply(`sent to ${address}`);
+    return ack();
+  } catch (e) {
+    if (!(e instanceof SendError)) throw e;
+    log.warn(e.message);
+    return drop();
+  }
+}
+
+/**
+ * @param {import('wharf').Delivery} d
+ * @param {string} address
+ */
+function mirror(d, address) {
+  const properties = [...d.properties];
+  if (d.to !== undefined) properties.push({ key: 'to', value: { tag: 'string', val: d.to } });
+  if (d.userId !== undefined) properties.push({ key: 'user-id', value: { tag: 'bytes', val: d.userId } });
+  properties.push({ key: 'first-acquirer', value: { tag: 'boolean', val: d.firstAcquirer } });
+  for (const { key, value } of d.annotations) properties.push({ key: `annotation:${key}`, value });
+  try {
+    send(address, {
+      body: d.body,
+      groupId: d.groupId,
+      groupSequence: d.groupSequence,
+      replyToGroupId: d.replyToGroupId,
+      creationTime: d.creationTime,
+      absoluteExpiryTime: d.absoluteExpiryTime,
+      priority: d.priority,
+      durable: d.durable,
+      properties,
+    });
     return ack();
   } catch (e) {
     if (!(e instanceof SendError)) throw e;

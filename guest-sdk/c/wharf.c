@@ -13,9 +13,11 @@
  * strings and property list are handed to the handler without copying. */
 #define SAME_LAYOUT(a, b) _Static_assert(sizeof(a) == sizeof(b) && _Alignof(a) == _Alignof(b), #a " differs from " #b)
 SAME_LAYOUT(wharf_str_t, handler_string_t);
+SAME_LAYOUT(wharf_bytes_t, handler_list_u8_t);
 SAME_LAYOUT(wharf_value_t, wharf_handler_types_value_t);
 SAME_LAYOUT(wharf_property_t, wharf_handler_types_property_t);
 _Static_assert(offsetof(wharf_str_t, len) == offsetof(handler_string_t, len), "string view");
+_Static_assert(offsetof(wharf_bytes_t, len) == offsetof(handler_list_u8_t, len), "byte view");
 _Static_assert(offsetof(wharf_value_t, as) == offsetof(wharf_handler_types_value_t, val), "value payload");
 _Static_assert(offsetof(wharf_property_t, value) == offsetof(wharf_handler_types_property_t, value), "property value");
 _Static_assert(WHARF_VALUE_STRING == WHARF_HANDLER_TYPES_VALUE_STRING && WHARF_VALUE_INT == WHARF_HANDLER_TYPES_VALUE_INT &&
@@ -38,6 +40,18 @@ static const wharf_str_t *opt(const handler_option_string_t *o) {
     return o->is_some ? (const wharf_str_t *)&o->val : NULL;
 }
 
+static const wharf_bytes_t *opt_bytes(const handler_option_list_u8_t *o) {
+    return o->is_some ? (const wharf_bytes_t *)&o->val : NULL;
+}
+
+static const uint32_t *opt_u32(const handler_option_u32_t *o) {
+    return o->is_some ? &o->val : NULL;
+}
+
+static const int64_t *opt_s64(const handler_option_s64_t *o) {
+    return o->is_some ? &o->val : NULL;
+}
+
 void exports_handler_handle(handler_delivery_t *g, handler_outcome_t *ret) {
     wharf_delivery_t d;
     d.body.ptr = g->body.ptr;
@@ -54,6 +68,18 @@ void exports_handler_handle(handler_delivery_t *g, handler_outcome_t *ret) {
     d.mount = *(const wharf_str_t *)&g->mount;
     d.attempt = g->attempt;
     d.presettled = g->presettled;
+    d.to = opt(&g->to);
+    d.user_id = opt_bytes(&g->user_id);
+    d.group_id = opt(&g->group_id);
+    d.group_sequence = opt_u32(&g->group_sequence);
+    d.reply_to_group_id = opt(&g->reply_to_group_id);
+    d.creation_time_ms = opt_s64(&g->creation_time);
+    d.absolute_expiry_time_ms = opt_s64(&g->absolute_expiry_time);
+    d.priority = g->priority;
+    d.durable = g->durable;
+    d.first_acquirer = g->first_acquirer;
+    d.annotations = (const wharf_property_t *)g->annotations.ptr;
+    d.annotations_len = g->annotations.len;
 
     wharf_outcome_t o = handle(&d);
     switch (o.kind) {
@@ -144,6 +170,14 @@ const wharf_value_t *wharf_property(const wharf_delivery_t *d, const char *key) 
     return NULL;
 }
 
+const wharf_value_t *wharf_annotation(const wharf_delivery_t *d, const char *key) {
+    for (size_t i = 0; i < d->annotations_len; i++) {
+        if (wharf_str_eq(d->annotations[i].key, key))
+            return &d->annotations[i].value;
+    }
+    return NULL;
+}
+
 bool wharf_property_str(const wharf_delivery_t *d, const char *key, wharf_str_t *out) {
     const wharf_value_t *v = wharf_property(d, key);
     if (!v || v->kind != WHARF_VALUE_STRING)
@@ -185,6 +219,16 @@ static wharf_handler_outbox_message_t lower_message(const wharf_message_t *m) {
     g.properties.ptr = (wharf_handler_outbox_property_t *)m->properties;
     g.properties.len = m->properties ? m->properties_len : 0;
     g.durable = !m->transient;
+    g.group_id = opt_out(m->group_id);
+    g.group_sequence.is_some = m->group_sequence != NULL;
+    g.group_sequence.val = m->group_sequence ? *m->group_sequence : 0;
+    g.reply_to_group_id = opt_out(m->reply_to_group_id);
+    g.priority.is_some = m->priority != NULL;
+    g.priority.val = m->priority ? *m->priority : 0;
+    g.creation_time.is_some = m->creation_time_ms != NULL;
+    g.creation_time.val = m->creation_time_ms ? *m->creation_time_ms : 0;
+    g.absolute_expiry_time.is_some = m->absolute_expiry_time_ms != NULL;
+    g.absolute_expiry_time.val = m->absolute_expiry_time_ms ? *m->absolute_expiry_time_ms : 0;
     g.delay.is_some = m->delay_ms > 0;
     g.delay.val = m->delay_ms;
     return g;

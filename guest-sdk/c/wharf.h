@@ -117,6 +117,38 @@ typedef struct wharf_delivery {
     /* True when the mount is at-most-once: the broker already let the
      * message go, so ack, drop and retry change nothing on the broker. */
     bool presettled;
+
+    /* More message properties; NULL when the message has none. */
+    /* properties.to: the address its publisher wrote on it (not always the
+     * address it was delivered from). */
+    const wharf_str_t *to;
+    /* properties.user-id: the identity its publisher claims (a broker may
+     * check it against the publisher's login, or not). */
+    const wharf_bytes_t *user_id;
+    /* properties.group-id: the group (the broker's message group on Artemis
+     * and ActiveMQ Classic) the message belongs to, and group-sequence, its
+     * place within its group. */
+    const wharf_str_t *group_id;
+    const uint32_t *group_sequence;
+    /* properties.reply-to-group-id. */
+    const wharf_str_t *reply_to_group_id;
+    /* properties.creation-time and .absolute-expiry-time, in milliseconds
+     * since the Unix epoch. */
+    const int64_t *creation_time_ms;
+    const int64_t *absolute_expiry_time_ms;
+    /* header.priority: 4 when the message carries none. */
+    uint8_t priority;
+    /* header.durable. */
+    bool durable;
+    /* header.first-acquirer, as the broker sets it (many leave it false;
+     * `attempt` is what counts deliveries). */
+    bool first_acquirer;
+    /* The message annotations, in the order the message carries them, keys
+     * as text (a numeric key as its decimal digits): the broker's (x-opt-*)
+     * and wharf's own, such as x-opt-delivery-time on a delayed retry copy
+     * and x-opt-wharf-dead-letter-reason on a dead letter. */
+    const wharf_property_t *annotations;
+    size_t annotations_len;
 } wharf_delivery_t;
 
 typedef enum wharf_outcome_kind {
@@ -173,13 +205,16 @@ bool wharf_body_is_utf8(const wharf_delivery_t *d);
 const wharf_value_t *wharf_property(const wharf_delivery_t *d, const char *key);
 /* The application property key if it is a string: true and *out set. */
 bool wharf_property_str(const wharf_delivery_t *d, const char *key, wharf_str_t *out);
+/* The value of the first message annotation called key, or NULL. */
+const wharf_value_t *wharf_annotation(const wharf_delivery_t *d, const char *key);
 
 /* ---- Publishing ---- */
 
 /* A message to publish with wharf_send or wharf_reply. Zero-initialised
- * fields are not set: an empty view is no such property, delay_ms 0 is no
- * delay, and the message is durable unless `transient`. wharf_send and
- * wharf_reply copy what it points to before they return. */
+ * fields are not set: an empty view is no such property, a NULL pointer no
+ * such field, delay_ms 0 is no delay, and the message is durable unless
+ * `transient`. wharf_send and wharf_reply copy what it points to before
+ * they return. */
 typedef struct wharf_message {
     /* The body, sent as one data section (wharf_text("...") for a string). */
     wharf_bytes_t body;
@@ -201,6 +236,21 @@ typedef struct wharf_message {
     /* Deliver no sooner than this many milliseconds after publishing, on
      * brokers that schedule messages (Artemis); 0: no delay. */
     uint64_t delay_ms;
+    /* properties.group-id: on Artemis and ActiveMQ Classic the broker's
+     * message group, so one consumer at a time gets the group's messages. */
+    wharf_str_t group_id;
+    /* properties.group-sequence; NULL: none. */
+    const uint32_t *group_sequence;
+    /* properties.reply-to-group-id. */
+    wharf_str_t reply_to_group_id;
+    /* header.priority (brokers order by 0 to 9); NULL: the broker's
+     * default, 4. */
+    const uint8_t *priority;
+    /* properties.creation-time and .absolute-expiry-time (brokers that
+     * honour it discard the message after), in milliseconds since the Unix
+     * epoch; NULL: none. A delivery's fields can be passed on as they are. */
+    const int64_t *creation_time_ms;
+    const int64_t *absolute_expiry_time_ms;
 } wharf_message_t;
 
 /* What wharf_send and wharf_reply return. On an error nothing of the

@@ -20,8 +20,19 @@ func writeLog(level Level, message string) {
 }
 
 // Off wasm there is no host to refuse a message: Send and Reply record it
-// for Outputs.
+// for Outputs. As the host does, they keep the values GroupSequence and
+// Priority point to at the call, not the caller's variables.
 func publish(address string, reply bool, m Message) error {
+	m.GroupSequence = copied(m.GroupSequence)
+	m.Priority = copied(m.Priority)
 	record(Output{Address: address, Reply: reply, Message: m})
 	return nil
+}
+
+func copied[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }

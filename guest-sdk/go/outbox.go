@@ -9,7 +9,8 @@ import (
 
 // Message is a message a handler publishes with Send or Reply. The zero
 // value of every field means "not set": an empty string is no such
-// property, a zero Delay none, and a message is durable unless Transient.
+// property, a nil GroupSequence or Priority none, a zero time none, a zero
+// Delay none, and a message is durable unless Transient.
 type Message struct {
 	// The body, sent as one data section.
 	Body []byte
@@ -29,6 +30,21 @@ type Message struct {
 	// time.Time, nil, Other), or int, int8, int16, int32 (sent as int64),
 	// uint, uint8, uint16, uint32 (as uint64) or float32 (as float64).
 	Properties []Property
+	// properties.group-id: on Artemis and ActiveMQ Classic the broker's
+	// message group, so one consumer at a time gets the group's messages.
+	GroupID string
+	// properties.group-sequence.
+	GroupSequence *uint32
+	// properties.reply-to-group-id.
+	ReplyToGroupID string
+	// header.priority (brokers order by 0 to 9); nil: the broker's
+	// default, 4.
+	Priority *uint8
+	// properties.creation-time, sent with millisecond precision.
+	CreationTime time.Time
+	// properties.absolute-expiry-time, sent with millisecond precision:
+	// brokers that honour it discard the message after.
+	AbsoluteExpiryTime time.Time
 	// The broker may keep the message in memory only (header.durable
 	// false). Messages are durable by default.
 	Transient bool

@@ -27,24 +27,59 @@ func dispatch(d types.Delivery) types.Outcome {
 }
 
 func lift(d types.Delivery) Delivery {
-	props := make([]Property, len(d.Properties))
-	for i, p := range d.Properties {
-		props[i] = Property{Key: p.Key, Value: liftValue(p.Value)}
+	var userID []byte
+	if d.UserId.IsSome() {
+		userID = d.UserId.Some()
+		if userID == nil {
+			userID = []byte{}
+		}
+	}
+	var groupSequence *uint32
+	if d.GroupSequence.IsSome() {
+		seq := d.GroupSequence.Some()
+		groupSequence = &seq
 	}
 	return Delivery{
-		Body:          d.Body,
-		ContentType:   d.ContentType.SomeOr(""),
-		Subject:       d.Subject.SomeOr(""),
-		MessageID:     d.MessageId.SomeOr(""),
-		CorrelationID: d.CorrelationId.SomeOr(""),
-		ReplyTo:       d.ReplyTo.SomeOr(""),
-		Properties:    props,
-		Address:       d.Address,
-		Tenant:        d.Tenant,
-		Mount:         d.Mount,
-		Attempt:       d.Attempt,
-		Presettled:    d.Presettled,
+		Body:               d.Body,
+		ContentType:        d.ContentType.SomeOr(""),
+		Subject:            d.Subject.SomeOr(""),
+		MessageID:          d.MessageId.SomeOr(""),
+		CorrelationID:      d.CorrelationId.SomeOr(""),
+		ReplyTo:            d.ReplyTo.SomeOr(""),
+		To:                 d.To.SomeOr(""),
+		UserID:             userID,
+		GroupID:            d.GroupId.SomeOr(""),
+		GroupSequence:      groupSequence,
+		ReplyToGroupID:     d.ReplyToGroupId.SomeOr(""),
+		CreationTime:       liftTime(d.CreationTime),
+		AbsoluteExpiryTime: liftTime(d.AbsoluteExpiryTime),
+		Priority:           d.Priority,
+		Durable:            d.Durable,
+		FirstAcquirer:      d.FirstAcquirer,
+		Properties:         liftProperties(d.Properties),
+		Annotations:        liftProperties(d.Annotations),
+		Address:            d.Address,
+		Tenant:             d.Tenant,
+		Mount:              d.Mount,
+		Attempt:            d.Attempt,
+		Presettled:         d.Presettled,
 	}
+}
+
+func liftProperties(ps []types.Property) []Property {
+	props := make([]Property, len(ps))
+	for i, p := range ps {
+		props[i] = Property{Key: p.Key, Value: liftValue(p.Value)}
+	}
+	return props
+}
+
+// liftTime is the zero time for none.
+func liftTime(ms witTypes.Option[int64]) time.Time {
+	if ms.IsNone() {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms.Some()).UTC()
 }
 
 func liftValue(v types.Value) Value {
@@ -119,14 +154,20 @@ func lowerMessage(m Message) outbox.Message {
 		delay = witTypes.Some(ms)
 	}
 	return outbox.Message{
-		Body:          m.Body,
-		ContentType:   optional(m.ContentType),
-		Subject:       optional(m.Subject),
-		MessageId:     optional(m.MessageID),
-		CorrelationId: optional(m.CorrelationID),
-		Properties:    props,
-		Durable:       !m.Transient,
-		Delay:         delay,
+		Body:               m.Body,
+		ContentType:        optional(m.ContentType),
+		Subject:            optional(m.Subject),
+		MessageId:          optional(m.MessageID),
+		CorrelationId:      optional(m.CorrelationID),
+		Properties:         props,
+		Durable:            !m.Transient,
+		GroupId:            optional(m.GroupID),
+		GroupSequence:      optionalPtr(m.GroupSequence),
+		ReplyToGroupId:     optional(m.ReplyToGroupID),
+		Priority:           optionalPtr(m.Priority),
+		CreationTime:       optionalTime(m.CreationTime),
+		AbsoluteExpiryTime: optionalTime(m.AbsoluteExpiryTime),
+		Delay:              delay,
 	}
 }
 
@@ -135,6 +176,20 @@ func optional(s string) witTypes.Option[string] {
 		return witTypes.None[string]()
 	}
 	return witTypes.Some(s)
+}
+
+func optionalPtr[T any](p *T) witTypes.Option[T] {
+	if p == nil {
+		return witTypes.None[T]()
+	}
+	return witTypes.Some(*p)
+}
+
+func optionalTime(t time.Time) witTypes.Option[int64] {
+	if t.IsZero() {
+		return witTypes.None[int64]()
+	}
+	return witTypes.Some(t.UnixMilli())
 }
 
 // lowerValue takes a value normalValue returned.

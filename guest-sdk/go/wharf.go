@@ -61,8 +61,42 @@ type Delivery struct {
 	CorrelationID string
 	// properties.reply-to; empty when the message has none.
 	ReplyTo string
+	// properties.to: the address its publisher wrote on it (not always the
+	// address it was delivered from); empty when the message has none.
+	To string
+	// properties.user-id: the identity its publisher claims (a broker may
+	// check it against the publisher's login, or not); nil when the message
+	// has none.
+	UserID []byte
+	// properties.group-id: the group (the broker's message group on Artemis
+	// and ActiveMQ Classic) the message belongs to; empty when it has none.
+	GroupID string
+	// properties.group-sequence: its place within its group; nil when the
+	// message has none.
+	GroupSequence *uint32
+	// properties.reply-to-group-id; empty when the message has none.
+	ReplyToGroupID string
+	// properties.creation-time (millisecond precision); the zero time when
+	// the message has none.
+	CreationTime time.Time
+	// properties.absolute-expiry-time (millisecond precision); the zero time
+	// when the message has none.
+	AbsoluteExpiryTime time.Time
+	// header.priority: 4 when the message carries none.
+	Priority uint8
+	// header.durable.
+	Durable bool
+	// header.first-acquirer, as the broker sets it (many leave it false;
+	// Attempt is what counts deliveries).
+	FirstAcquirer bool
 	// The application properties, in the order the message carries them.
 	Properties []Property
+	// The message annotations, in the order the message carries them, keys
+	// as text (a numeric key as its decimal digits): the broker's (x-opt-*)
+	// and wharf's own, such as x-opt-delivery-time on a delayed retry copy
+	// and x-opt-wharf-dead-letter-reason on a dead letter. Values are of the
+	// types properties have.
+	Annotations []Property
 	// The address the mount subscribes to.
 	Address string
 	// The tenant that owns the mount.
@@ -123,6 +157,16 @@ func (d Delivery) PropertyString(key string) (string, bool) {
 	v, _ := d.Property(key)
 	s, ok := v.(string)
 	return s, ok
+}
+
+// Annotation returns the value of the first message annotation called key.
+func (d Delivery) Annotation(key string) (Value, bool) {
+	for _, p := range d.Annotations {
+		if p.Key == key {
+			return p.Value, true
+		}
+	}
+	return nil, false
 }
 
 // OutcomeKind tells the outcomes apart.

@@ -108,3 +108,57 @@ func TestSendRefusesUnsupportedValues(t *testing.T) {
 		t.Errorf("a refused message was recorded: %v", got)
 	}
 }
+
+func TestAnnotation(t *testing.T) {
+	d := Delivery{Annotations: []Property{
+		{Key: "x-opt-delivery-time", Value: time.UnixMilli(5).UTC()},
+		{Key: "7", Value: "numeric key"},
+		{Key: "7", Value: "second"},
+	}}
+	if v, ok := d.Annotation("7"); !ok || v != "numeric key" {
+		t.Errorf("Annotation(7) = %v, %v", v, ok)
+	}
+	if v, ok := d.Annotation("x-opt-delivery-time"); !ok || !v.(time.Time).Equal(time.UnixMilli(5)) {
+		t.Errorf("Annotation(x-opt-delivery-time) = %v, %v", v, ok)
+	}
+	if _, ok := d.Annotation("missing"); ok {
+		t.Error("missing annotation found")
+	}
+	if _, ok := d.Property("7"); ok {
+		t.Error("an annotation found as a property")
+	}
+}
+
+func TestSendRecordsNewFields(t *testing.T) {
+	ResetOutputs()
+	defer ResetOutputs()
+	seq, prio := uint32(0), uint8(0)
+	created, expires := time.UnixMilli(0).UTC(), time.UnixMilli(-1).UTC()
+	if err := Send("out.g", Message{
+		GroupID:            "g",
+		GroupSequence:      &seq,
+		ReplyToGroupID:     "rg",
+		Priority:           &prio,
+		CreationTime:       created,
+		AbsoluteExpiryTime: expires,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// What the caller's variables become afterwards is not what was sent.
+	seq, prio = 9, 9
+	if err := Send("out.none", Message{}); err != nil {
+		t.Fatal(err)
+	}
+	got := Outputs()
+	if len(got) != 2 {
+		t.Fatalf("Outputs() = %v", got)
+	}
+	m := got[0].Message
+	if m.GroupID != "g" || m.ReplyToGroupID != "rg" || m.GroupSequence == nil || *m.GroupSequence != 0 ||
+		m.Priority == nil || *m.Priority != 0 || !m.CreationTime.Equal(created) || !m.AbsoluteExpiryTime.Equal(expires) {
+		t.Errorf("sent %+v", m)
+	}
+	if m := got[1].Message; m.GroupSequence != nil || m.Priority != nil || !m.CreationTime.IsZero() || !m.AbsoluteExpiryTime.IsZero() {
+		t.Errorf("a message setting nothing was sent with %+v", m)
+	}
+}

@@ -1,5 +1,5 @@
 // Types of the wharf JavaScript SDK (wharf.js). The contract behind them is
-// wit/handler.wit (wharf:handler@0.2.0).
+// wit/handler.wit (wharf:handler@0.3.0).
 
 /** A typed value of an AMQP application property. 64-bit integers are BigInt. */
 export type Value =
@@ -16,7 +16,7 @@ export type Value =
 /** A property value without its tag: a timestamp becomes a Date, null stays null. */
 export type PlainValue = string | bigint | number | boolean | Uint8Array | Date | null;
 
-/** One application property: the message's own key/value metadata. */
+/** One application property (the message's own key/value metadata), or one message annotation. */
 export interface Property {
   key: string;
   value: Value;
@@ -38,8 +38,38 @@ export interface Delivery {
   readonly correlationId: string | undefined;
   /** properties.reply-to */
   readonly replyTo: string | undefined;
+  /** properties.to: the address its publisher wrote on it (not always the one it came from). */
+  readonly to: string | undefined;
+  /** properties.user-id: the identity its publisher claims. */
+  readonly userId: Uint8Array | undefined;
+  /** properties.group-id: the group (Artemis' and ActiveMQ's message group) it belongs to. */
+  readonly groupId: string | undefined;
+  /** properties.group-sequence: its place within its group (a u32). */
+  readonly groupSequence: number | undefined;
+  /** properties.reply-to-group-id */
+  readonly replyToGroupId: string | undefined;
+  /** properties.creation-time: milliseconds since the Unix epoch. */
+  readonly creationTime: bigint | undefined;
+  /** properties.absolute-expiry-time: milliseconds since the Unix epoch. */
+  readonly absoluteExpiryTime: bigint | undefined;
+  /** header.priority, 0 to 255: 4 when the message carries none. */
+  readonly priority: number;
+  /** header.durable */
+  readonly durable: boolean;
+  /**
+   * header.first-acquirer, as the broker sets it (many leave it false);
+   * `attempt` is what counts deliveries.
+   */
+  readonly firstAcquirer: boolean;
   /** The application properties, in the order the message carries them. */
   readonly properties: readonly Property[];
+  /**
+   * The message annotations, in the order the message carries them, keys as
+   * text (a numeric key as its decimal digits): the broker's (`x-opt-*`) and
+   * wharf's own (`x-opt-delivery-time` on a delayed retry copy,
+   * `x-opt-wharf-dead-letter-reason` on a dead letter).
+   */
+  readonly annotations: readonly Property[];
   /** The address the mount subscribes to. */
   readonly address: string;
   /** The tenant that owns the mount. */
@@ -55,6 +85,8 @@ export interface Delivery {
    * tag (see PlainValue); undefined when there is none.
    */
   property(key: string): PlainValue | undefined;
+  /** The value of the first message annotation called `key`, as `property` does. */
+  annotation(key: string): PlainValue | undefined;
 }
 
 /** What the handler decided. */
@@ -115,6 +147,24 @@ export interface Message {
   properties?: Record<string, PropertyInput> | readonly { key: string; value: PropertyInput }[];
   /** Whether the broker keeps the message on disk; true when absent. */
   durable?: boolean;
+  /**
+   * properties.group-id: on Artemis and ActiveMQ Classic the broker's message
+   * group (one consumer at a time gets a group's messages).
+   */
+  groupId?: string;
+  /** properties.group-sequence, 0 to 2^32-1. */
+  groupSequence?: number | bigint;
+  /** properties.reply-to-group-id */
+  replyToGroupId?: string;
+  /** header.priority, 0 to 255 (brokers order by 0 to 9); the broker's default, 4, when absent. */
+  priority?: number | bigint;
+  /** properties.creation-time: milliseconds since the Unix epoch, or a Date. */
+  creationTime?: number | bigint | Date;
+  /**
+   * properties.absolute-expiry-time: milliseconds since the Unix epoch, or a
+   * Date; brokers that honour it discard the message after.
+   */
+  absoluteExpiryTime?: number | bigint | Date;
   /**
    * Deliver no sooner than this many milliseconds after publishing, on
    * brokers that schedule messages (Artemis).

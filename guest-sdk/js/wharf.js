@@ -12,8 +12,8 @@
 // `wharf/build.mjs` bundles the handler with this module and turns it into a
 // component of the world wharf:handler/handler.
 
-import * as hostLog from 'wharf:handler/log@0.2.0';
-import * as hostOutbox from 'wharf:handler/outbox@0.2.0';
+import * as hostLog from 'wharf:handler/log@0.3.0';
+import * as hostOutbox from 'wharf:handler/outbox@0.3.0';
 import { decodeUtf8 } from './utf8.js';
 
 // The engines disagree on a few representations: StarlingMonkey
@@ -135,8 +135,9 @@ export class SendError extends Error {
  * the delivery is accepted); any other outcome or a thrown error discards it.
  * `message` is a body (string as UTF-8, or Uint8Array) or an object
  * `{ body, contentType, subject, messageId, correlationId, properties,
- * durable, delay }`. Returns nothing; throws a `SendError` (see its `code`)
- * when the host refuses the message.
+ * durable, groupId, groupSequence, replyToGroupId, priority, creationTime,
+ * absoluteExpiryTime, delay }`. Returns nothing; throws a `SendError` (see
+ * its `code`) when the host refuses the message.
  */
 export function send(address, message) {
   if (typeof address !== 'string') {
@@ -171,7 +172,22 @@ function sendError(e, address) {
   return SEND_ERRORS.includes(code) ? new SendError(code, address) : e;
 }
 
-const MESSAGE_FIELDS = ['body', 'contentType', 'subject', 'messageId', 'correlationId', 'properties', 'durable', 'delay'];
+const MESSAGE_FIELDS = [
+  'body',
+  'contentType',
+  'subject',
+  'messageId',
+  'correlationId',
+  'properties',
+  'durable',
+  'groupId',
+  'groupSequence',
+  'replyToGroupId',
+  'priority',
+  'creationTime',
+  'absoluteExpiryTime',
+  'delay',
+];
 
 function toWitMessage(message, what) {
   if (typeof message === 'string' || isBinary(message)) message = { body: message };
@@ -196,6 +212,12 @@ function toWitMessage(message, what) {
     correlationId: optionalString(message, 'correlationId', what),
     properties: toWitProperties(message.properties, what),
     durable,
+    groupId: optionalString(message, 'groupId', what),
+    groupSequence: optionalInteger(message, 'groupSequence', 2 ** 32 - 1, what),
+    replyToGroupId: optionalString(message, 'replyToGroupId', what),
+    priority: optionalInteger(message, 'priority', 255, what),
+    creationTime: optionalTime(message, 'creationTime', what),
+    absoluteExpiryTime: optionalTime(message, 'absoluteExpiryTime', what),
     delay: delay === undefined || delay === null ? undefined : u64(millis(delay, `${what}: delay`)),
   };
 }
@@ -205,6 +227,33 @@ function optionalString(message, field, what) {
   if (value === undefined || value === null) return undefined;
   if (typeof value !== 'string') throw new TypeError(`${what}: ${field} must be a string, got ${inspect(value)}`);
   return value;
+}
+
+// A u8 or u32 field: an integer number or bigint from 0 to `max`.
+function optionalInteger(message, field, max, what) {
+  const value = message[field];
+  if (value === undefined || value === null) return undefined;
+  const n = typeof value === 'bigint' ? value : Number.isInteger(value) ? BigInt(value) : undefined;
+  if (n === undefined || n < 0n || n > BigInt(max)) {
+    throw new TypeError(`${what}: ${field} must be an integer from 0 to ${max}, got ${inspect(value)}`);
+  }
+  return Number(n);
+}
+
+// A time field: milliseconds since the Unix epoch (number or bigint), or a Date.
+function optionalTime(message, field, what) {
+  const value = message[field];
+  if (value === undefined || value === null) return undefined;
+  let n;
+  if (value instanceof Date) n = Number.isNaN(value.getTime()) ? undefined : BigInt(value.getTime());
+  else if (typeof value === 'bigint') n = value;
+  else if (Number.isInteger(value)) n = BigInt(value);
+  if (n === undefined || n < S64_MIN || n > S64_MAX) {
+    throw new TypeError(
+      `${what}: ${field} must be milliseconds since the Unix epoch (a 64-bit integer) or a Date, got ${inspect(value)}`,
+    );
+  }
+  return s64(n);
 }
 
 // Properties: Delivery.properties' shape ([{ key, value: { tag, val } }], so
@@ -412,7 +461,18 @@ export class Delivery {
     this.messageId = raw.messageId ?? undefined;
     this.correlationId = raw.correlationId ?? undefined;
     this.replyTo = raw.replyTo ?? undefined;
-    this.properties = raw.properties.map(({ key, value }) => ({ key, value: typedValue(value) }));
+    this.to = raw.to ?? undefined;
+    this.userId = raw.userId == null ? undefined : bytes(raw.userId);
+    this.groupId = raw.groupId ?? undefined;
+    this.groupSequence = raw.groupSequence ?? undefined;
+    this.replyToGroupId = raw.replyToGroupId ?? undefined;
+    this.creationTime = raw.creationTime == null ? undefined : BigInt(raw.creationTime);
+    this.absoluteExpiryTime = raw.absoluteExpiryTime == null ? undefined : BigInt(raw.absoluteExpiryTime);
+    this.priority = raw.priority;
+    this.durable = raw.durable;
+    this.firstAcquirer = raw.firstAcquirer;
+    this.properties = typedProperties(raw.properties);
+    this.annotations = typedProperties(raw.annotations);
     this.address = raw.address;
     this.tenant = raw.tenant;
     this.mount = raw.mount;
@@ -428,9 +488,22 @@ export class Delivery {
 
   /** The first application property called `key`, as a plain value. */
   property(key) {
-    const found = this.properties.find((p) => p.key === key);
-    return found === undefined ? undefined : plainValue(found.value);
+    return plainLookup(this.properties, key);
   }
+
+  /** The first message annotation called `key`, as a plain value. */
+  annotation(key) {
+    return plainLookup(this.annotations, key);
+  }
+}
+
+function typedProperties(list) {
+  return list.map(({ key, value }) => ({ key, value: typedValue(value) }));
+}
+
+function plainLookup(list, key) {
+  const found = list.find((p) => p.key === key);
+  return found === undefined ? undefined : plainValue(found.value);
 }
 
 // StarlingMonkey lifts a list<u8> as a Uint8Array of another realm (so not

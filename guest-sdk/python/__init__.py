@@ -58,6 +58,7 @@ __all__ = [
     "PropertyValue",
     "SendError",
     "Timestamp",
+    "UInt",
     "ack",
     "drop",
     "handler",
@@ -87,6 +88,16 @@ class Timestamp(int):
         return f"Timestamp({int(self)})"
 
 
+class UInt(int):
+    """An AMQP unsigned integer property (``ubyte``, ``ushort``, ``uint``,
+    ``ulong``): an ``int`` that remembers it was unsigned, so that passing a
+    delivery's properties on sends it with its type. A plain ``int`` is sent
+    as ``long`` (``ulong`` only beyond its range)."""
+
+    def __repr__(self) -> str:
+        return f"UInt({int(self)})"
+
+
 class Other(str):
     """An AMQP property value of another type (uuid, char, decimal, list,
     map, ...), rendered as text."""
@@ -95,14 +106,15 @@ class Other(str):
         return f"Other({str.__repr__(self)})"
 
 
-PropertyValue = Union[str, int, float, bool, bytes, Timestamp, Other, None]
+PropertyValue = Union[str, int, float, bool, bytes, Timestamp, UInt, Other, None]
 """An application property's value: ``str`` (string, symbol), ``int`` (every
-integer type), ``float``, ``bool``, ``bytes`` (binary), :class:`Timestamp`,
-``None`` (null) or :class:`Other`."""
+integer type; an unsigned one is a :class:`UInt`), ``float``, ``bool``,
+``bytes`` (binary), :class:`Timestamp`, ``None`` (null) or :class:`Other`."""
 
 
 class Property(NamedTuple):
-    """One application property: the message's own key/value metadata."""
+    """One application property (the message's own key/value metadata), or
+    one message annotation."""
 
     key: str
     value: PropertyValue
@@ -131,6 +143,33 @@ class Delivery:
     presettled: bool = False
     """True on an at-most-once mount: ack, drop and retry change nothing on
     the broker."""
+    to: Optional[str] = None
+    """``properties.to``: the address its publisher wrote on it (not always
+    the address it was delivered from)."""
+    user_id: Optional[bytes] = None
+    """``properties.user-id``: the identity its publisher claims."""
+    group_id: Optional[str] = None
+    """``properties.group-id``: the group (the broker's message group on
+    Artemis and ActiveMQ Classic) it belongs to."""
+    group_sequence: Optional[int] = None
+    """``properties.group-sequence``: its place within its group."""
+    reply_to_group_id: Optional[str] = None
+    creation_time: Optional[Timestamp] = None
+    """``properties.creation-time``: milliseconds since the Unix epoch."""
+    absolute_expiry_time: Optional[Timestamp] = None
+    """``properties.absolute-expiry-time``: milliseconds since the Unix epoch."""
+    priority: int = 4
+    """``header.priority``: 4 when the message carries none."""
+    durable: bool = False
+    """``header.durable``."""
+    first_acquirer: bool = False
+    """``header.first-acquirer``, as the broker sets it (many leave it
+    false); :attr:`attempt` is what counts deliveries."""
+    annotations: List[Property] = field(default_factory=list)
+    """The message annotations, in the order the message carries them, keys
+    as text (a numeric key as its decimal digits): the broker's (``x-opt-*``)
+    and wharf's own (``x-opt-delivery-time`` on a delayed retry copy,
+    ``x-opt-wharf-dead-letter-reason`` on a dead letter)."""
 
     @property
     def text(self) -> Optional[str]:
@@ -143,6 +182,13 @@ class Delivery:
     def property(self, key: str, default: PropertyValue = None) -> PropertyValue:
         """The value of the first application property called ``key``."""
         for prop in self.properties:
+            if prop.key == key:
+                return prop.value
+        return default
+
+    def annotation(self, key: str, default: PropertyValue = None) -> PropertyValue:
+        """The value of the first message annotation called ``key``."""
+        for prop in self.annotations:
             if prop.key == key:
                 return prop.value
         return default
@@ -206,8 +252,12 @@ Body = Union[bytes, bytearray, memoryview, str]
 
 PropertyInput = Union[PropertyValue, datetime.datetime]
 """A property value to send: as :data:`PropertyValue` (an ``int`` is sent as
-AMQP ``long``, or ``ulong`` beyond its range), or an aware ``datetime``
-(sent as a timestamp)."""
+AMQP ``long``, or ``ulong`` beyond its range; a :class:`UInt` as ``ulong``),
+or an aware ``datetime`` (sent as a timestamp)."""
+
+Time = Union[int, datetime.datetime]
+"""A time to send: milliseconds since the Unix epoch (an ``int`` such as a
+:class:`Timestamp`), or an aware ``datetime``."""
 
 Properties = Union[Mapping[str, PropertyInput], Iterable[Tuple[str, PropertyInput]]]
 """Application properties to send: a mapping, or ``(key, value)`` pairs such
@@ -233,6 +283,20 @@ class Message:
     delay_ms: Optional[int] = None
     """Deliver no sooner than this many milliseconds after publishing, on
     brokers that schedule messages (Artemis)."""
+    group_id: Optional[str] = None
+    """``properties.group-id``: on Artemis and ActiveMQ Classic the broker's
+    message group (one consumer at a time gets a group's messages)."""
+    group_sequence: Optional[int] = None
+    """``properties.group-sequence``, 0 to 2**32-1."""
+    reply_to_group_id: Optional[str] = None
+    priority: Optional[int] = None
+    """``header.priority``, 0 to 255 (brokers order by 0 to 9); the broker's
+    default, 4, when ``None``."""
+    creation_time: Optional[Timestamp] = None
+    """``properties.creation-time``, milliseconds since the Unix epoch."""
+    absolute_expiry_time: Optional[Timestamp] = None
+    """``properties.absolute-expiry-time``, milliseconds since the Unix epoch:
+    brokers that honour it discard the message after."""
 
 
 class Output(NamedTuple):
@@ -299,17 +363,39 @@ def send(
     properties: Optional[Properties] = None,
     durable: bool = True,
     delay: Union[int, float, datetime.timedelta, None] = None,
+    group_id: Optional[str] = None,
+    group_sequence: Optional[int] = None,
+    reply_to_group_id: Optional[str] = None,
+    priority: Optional[int] = None,
+    creation_time: Optional[Time] = None,
+    absolute_expiry_time: Optional[Time] = None,
 ) -> None:
     """Publishes a message to ``address`` if the handler returns ``ack``
     (before the delivery is accepted); any other outcome or an exception
     discards it. ``body`` is bytes, a ``str`` (sent as UTF-8) or a
     :class:`Message` (then without the keyword arguments). ``delay`` is in
-    milliseconds or a ``timedelta``. Raises :class:`SendError` when the host
-    refuses the message."""
+    milliseconds or a ``timedelta``; ``creation_time`` and
+    ``absolute_expiry_time`` in milliseconds since the epoch or an aware
+    ``datetime``; ``priority`` 0 to 255. A keyword left ``None`` is not set.
+    Raises :class:`SendError` when the host refuses the message."""
     if not isinstance(address, str):
         raise TypeError(f"send: the address must be a str, not {type(address).__name__}")
     message = _message(
-        "send", body, content_type, subject, message_id, correlation_id, properties, durable, delay
+        "send",
+        body,
+        content_type=content_type,
+        subject=subject,
+        message_id=message_id,
+        correlation_id=correlation_id,
+        properties=properties,
+        durable=durable,
+        delay=delay,
+        group_id=group_id,
+        group_sequence=group_sequence,
+        reply_to_group_id=reply_to_group_id,
+        priority=priority,
+        creation_time=creation_time,
+        absolute_expiry_time=absolute_expiry_time,
     )
     _publish(address, message)
 
@@ -324,13 +410,33 @@ def reply(
     properties: Optional[Properties] = None,
     durable: bool = True,
     delay: Union[int, float, datetime.timedelta, None] = None,
+    group_id: Optional[str] = None,
+    group_sequence: Optional[int] = None,
+    reply_to_group_id: Optional[str] = None,
+    priority: Optional[int] = None,
+    creation_time: Optional[Time] = None,
+    absolute_expiry_time: Optional[Time] = None,
 ) -> None:
     """Publishes a message to the delivery's reply-to if the handler returns
     ``ack``, as :func:`send` does; its correlation-id, unless given, is the
     delivery's correlation-id, else its message-id. Raises
     :class:`SendError` (``"no-reply-to"`` when the delivery has none)."""
     message = _message(
-        "reply", body, content_type, subject, message_id, correlation_id, properties, durable, delay
+        "reply",
+        body,
+        content_type=content_type,
+        subject=subject,
+        message_id=message_id,
+        correlation_id=correlation_id,
+        properties=properties,
+        durable=durable,
+        delay=delay,
+        group_id=group_id,
+        group_sequence=group_sequence,
+        reply_to_group_id=reply_to_group_id,
+        priority=priority,
+        creation_time=creation_time,
+        absolute_expiry_time=absolute_expiry_time,
     )
     _publish(None, message)
 
@@ -338,6 +444,7 @@ def reply(
 def _message(
     what: str,
     body: object,
+    *,
     content_type: Optional[str],
     subject: Optional[str],
     message_id: Optional[str],
@@ -345,11 +452,29 @@ def _message(
     properties: Optional[Properties],
     durable: bool,
     delay: object,
+    group_id: Optional[str],
+    group_sequence: object,
+    reply_to_group_id: Optional[str],
+    priority: object,
+    creation_time: object,
+    absolute_expiry_time: object,
 ) -> Message:
+    optional = (
+        content_type,
+        subject,
+        message_id,
+        correlation_id,
+        properties,
+        delay,
+        group_id,
+        group_sequence,
+        reply_to_group_id,
+        priority,
+        creation_time,
+        absolute_expiry_time,
+    )
     if isinstance(body, Message):
-        if (content_type, subject, message_id, correlation_id, properties, durable, delay) != (
-            None, None, None, None, None, True, None,
-        ):
+        if durable is not True or any(value is not None for value in optional):
             raise TypeError(f"{what}: give either a Message or a body with keyword arguments, not both")
         return body
     if isinstance(body, str):
@@ -363,6 +488,8 @@ def _message(
         ("subject", subject),
         ("message_id", message_id),
         ("correlation_id", correlation_id),
+        ("group_id", group_id),
+        ("reply_to_group_id", reply_to_group_id),
     ):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{what}: {name} must be a str, not {type(value).__name__}")
@@ -377,7 +504,40 @@ def _message(
         properties=_properties(what, properties),
         durable=durable,
         delay_ms=None if delay is None else _millis(delay, f"{what}: delay"),
+        group_id=group_id,
+        group_sequence=_integer(what, "group_sequence", group_sequence, 2**32 - 1),
+        reply_to_group_id=reply_to_group_id,
+        priority=_integer(what, "priority", priority, 255),
+        creation_time=_time(what, "creation_time", creation_time),
+        absolute_expiry_time=_time(what, "absolute_expiry_time", absolute_expiry_time),
     )
+
+
+def _integer(what: str, name: str, value: object, maximum: int) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what}: {name} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= maximum:
+        raise ValueError(f"{what}: {name} must be from 0 to {maximum}, not {value}")
+    return int(value)
+
+
+def _time(what: str, name: str, value: object) -> Optional[Timestamp]:
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{what}: {name} is a naive datetime; give it a timezone")
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        ms = (value - epoch) // datetime.timedelta(milliseconds=1)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ms = int(value)
+    else:
+        raise TypeError(f"{what}: {name} must be milliseconds (an int) or a datetime, not {type(value).__name__}")
+    if not _S64_MIN <= ms <= _S64_MAX:
+        raise OverflowError(f"{what}: {name} does not fit in 64 bits: {ms}")
+    return Timestamp(ms)
 
 
 def _properties(what: str, properties: Optional[Properties]) -> List[Property]:
@@ -399,6 +559,10 @@ def _property_value(what: str, key: str, value: object) -> PropertyValue:
     if isinstance(value, Timestamp):
         if not _S64_MIN <= value <= _S64_MAX:
             raise OverflowError(f"{what}: timestamp property {key!r} does not fit in 64 bits: {value}")
+        return value
+    if isinstance(value, UInt):
+        if not 0 <= value <= _U64_MAX:
+            raise OverflowError(f"{what}: unsigned property {key!r} does not fit in 64 bits: {value}")
         return value
     if isinstance(value, int):
         if not _S64_MIN <= value <= _U64_MAX:
@@ -426,6 +590,12 @@ def _publish(address: Optional[str], message: Message) -> None:
         correlation_id=message.correlation_id,
         properties=[_wit_types.Property(p.key, _to_wit_value(p.value)) for p in message.properties],
         durable=message.durable,
+        group_id=message.group_id,
+        group_sequence=message.group_sequence,
+        reply_to_group_id=message.reply_to_group_id,
+        priority=message.priority,
+        creation_time=None if message.creation_time is None else int(message.creation_time),
+        absolute_expiry_time=None if message.absolute_expiry_time is None else int(message.absolute_expiry_time),
         delay=message.delay_ms,
     )
     try:
@@ -446,6 +616,8 @@ def _to_wit_value(value: PropertyValue) -> Any:
         return t.Value_Boolean(value)
     if isinstance(value, Timestamp):
         return t.Value_Timestamp(int(value))
+    if isinstance(value, UInt):
+        return t.Value_Uint(int(value))
     if isinstance(value, int):
         return t.Value_Int(value) if value <= _S64_MAX else t.Value_Uint(value)
     if isinstance(value, float):
@@ -525,7 +697,9 @@ def _from_wit_value(value: Any) -> PropertyValue:
         return Other(value.value)
     if isinstance(value, t.Value_Bytes):
         return bytes(value.value)
-    plain: PropertyValue = value.value  # string, int, uint, float, boolean
+    if isinstance(value, t.Value_Uint):
+        return UInt(value.value)
+    plain: PropertyValue = value.value  # string, int, float, boolean
     return plain
 
 
@@ -543,6 +717,17 @@ def _from_wit(d: Any) -> Delivery:
         mount=d.mount,
         attempt=d.attempt,
         presettled=d.presettled,
+        to=d.to,
+        user_id=None if d.user_id is None else bytes(d.user_id),
+        group_id=d.group_id,
+        group_sequence=d.group_sequence,
+        reply_to_group_id=d.reply_to_group_id,
+        creation_time=None if d.creation_time is None else Timestamp(d.creation_time),
+        absolute_expiry_time=None if d.absolute_expiry_time is None else Timestamp(d.absolute_expiry_time),
+        priority=d.priority,
+        durable=d.durable,
+        first_acquirer=d.first_acquirer,
+        annotations=[Property(p.key, _from_wit_value(p.value)) for p in d.annotations],
     )
 
 

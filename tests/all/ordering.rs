@@ -10,9 +10,10 @@ use wharf_core::settlement::{Plan, Publish};
 
 use crate::client::{Client, TestMessage, body_bytes};
 use crate::poison::take;
+use crate::process::WharfProcess;
 use crate::{
-    MountToml, TestHost, activemq_url, artemis_url, qpid_url, rabbitmq4_shared, rabbitmq4_url,
-    unique,
+    MountToml, TestHost, activemq_url, artemis_url, config_text, qpid_url, rabbitmq4_shared,
+    rabbitmq4_url, unique,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use wharf_tests::rabbitmq4::{declare, delete};
@@ -222,6 +223,123 @@ async fn two_hosts_never_share_a_key_on_artemis() -> anyhow::Result<()> {
 #[tokio::test]
 async fn two_hosts_never_share_a_key_on_activemq() -> anyhow::Result<()> {
     two_hosts(&activemq_url()).await
+}
+
+/// Two `wharf run` processes on one queue ordered by group-id, 20 keys of
+/// 30; one is SIGKILLed once it has settled a fifth of them. Every message
+/// comes out at least once (what the killed host handled but had not
+/// settled comes out again), and the survivor handles each key's messages
+/// in published order.
+async fn two_hosts_one_killed(url: &str) -> anyhow::Result<()> {
+    let queue = unique("ordered-kill");
+    let out = format!("{queue}.out");
+    let (keys, per_key) = (20u32, 30u32);
+    let total = (keys * per_key) as usize;
+    let mount = ordered(&queue, "group-id", &out, &["concurrency = 4"]);
+    let mut client = Client::connect(url).await?;
+    let mut messages = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            let script = format!("*:send={out},busy={}", 2 + spread(seq * keys + k, 4));
+            messages.push(keyed(&format!("k{k}"), seq, &script).build());
+        }
+    }
+    let mut watch = client.watch(&out).await?;
+    // Two configs: two container-ids.
+    let mut killed =
+        WharfProcess::start_config(&config_text(url, std::slice::from_ref(&mount))).await?;
+    let mut survivor =
+        WharfProcess::start_config(&config_text(url, std::slice::from_ref(&mount))).await?;
+    let by_killed = killed.collect_handled();
+    let by_survivor = survivor.collect_handled();
+    client.publish_many(&queue, messages).await?;
+    let deadline = tokio::time::Instant::now() + crate::DEADLINE;
+    while by_killed.lock().expect("log").len() + by_survivor.lock().expect("log").len() < total / 5
+    {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "too little handled");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    killed.child.kill().await?;
+    let settled_by_killed = by_killed.lock().expect("log").len();
+    let survivor_before = by_survivor.lock().expect("log").len();
+    let mut outputs: BTreeMap<String, usize> = BTreeMap::new();
+    while outputs.len() < total {
+        let (_, message) = watch
+            .next()
+            .await
+            .map_err(|e| e.context(format!("{} of {total} outputs read", outputs.len())))?;
+        *outputs
+            .entry(String::from_utf8(body_bytes(&message))?)
+            .or_default() += 1;
+    }
+    // A stop settles what the survivor holds; what it had not taken stays
+    // on the queue. Then every duplicate is on `out` before the marker.
+    crate::process::signal(&survivor, "-TERM").await?;
+    let _ = tokio::time::timeout(crate::DEADLINE, survivor.child.wait()).await;
+    let left = take_all(&mut client, &queue).await?;
+    let marker = format!("{out}.marker");
+    client
+        .publish(&out, TestMessage::new(&marker, &marker))
+        .await?;
+    loop {
+        let (_, message) = watch.next().await?;
+        let body = String::from_utf8(body_bytes(&message))?;
+        if body == marker {
+            break;
+        }
+        *outputs.entry(body).or_default() += 1;
+    }
+    watch.close().await;
+    let duplicated: usize = outputs.values().map(|n| n - 1).sum();
+    let survived = by_survivor.lock().expect("log").clone();
+    let mut by_key: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for id in &survived {
+        if let Some((key, seq)) = id.split_once('.') {
+            by_key.entry(key).or_default().push(seq.parse()?);
+        }
+    }
+    for (key, seqs) in &by_key {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "the survivor handled key {key} out of order: {seqs:?}"
+        );
+    }
+    client.close().await;
+    println!(
+        "two hosts, one SIGKILLed, {keys} keys x {per_key}: sent {total}, settled by the killed host {settled_by_killed} (logged before the kill), by the survivor {survivor_before} before it and {} in all, left on the queue {left}, outputs {}, duplicated {duplicated}, lost 0, the survivor's every key in order",
+        survived.len(),
+        outputs.len(),
+    );
+    Ok(())
+}
+
+/// Reads and accepts what `queue` holds; how many there were.
+async fn take_all(client: &mut Client, queue: &str) -> anyhow::Result<usize> {
+    let marker = format!("{queue}.marker");
+    client
+        .publish(queue, TestMessage::new(&marker, &marker))
+        .await?;
+    let mut watch = client.watch(queue).await?;
+    let mut left = 0;
+    loop {
+        let (_, message) = watch.next().await?;
+        if body_bytes(&message) == marker.as_bytes() {
+            break;
+        }
+        left += 1;
+    }
+    watch.close().await;
+    Ok(left)
+}
+
+#[tokio::test]
+async fn two_hosts_one_killed_lose_nothing_and_keep_order_on_artemis() -> anyhow::Result<()> {
+    two_hosts_one_killed(&artemis_url()).await
+}
+
+#[tokio::test]
+async fn two_hosts_one_killed_lose_nothing_and_keep_order_on_activemq() -> anyhow::Result<()> {
+    two_hosts_one_killed(&activemq_url()).await
 }
 
 /// What became of each attempt of each delivery, in the order the host

@@ -3,17 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `wharf:handler/log@0.2.0`
+// Imported Functions from `wharf:handler/log@0.3.0`
 
-__attribute__((__import_module__("wharf:handler/log@0.2.0"), __import_name__("log")))
+__attribute__((__import_module__("wharf:handler/log@0.3.0"), __import_name__("log")))
 extern void __wasm_import_wharf_handler_log_log(int32_t, uint8_t *, size_t);
 
-// Imported Functions from `wharf:handler/outbox@0.2.0`
+// Imported Functions from `wharf:handler/outbox@0.3.0`
 
-__attribute__((__import_module__("wharf:handler/outbox@0.2.0"), __import_name__("send")))
+__attribute__((__import_module__("wharf:handler/outbox@0.3.0"), __import_name__("send")))
 extern void __wasm_import_wharf_handler_outbox_send(uint8_t *, uint8_t *);
 
-__attribute__((__import_module__("wharf:handler/outbox@0.2.0"), __import_name__("reply")))
+__attribute__((__import_module__("wharf:handler/outbox@0.3.0"), __import_name__("reply")))
 extern void __wasm_import_wharf_handler_outbox_reply(uint8_t *, uint8_t *);
 
 // Exported Functions from `handler`
@@ -88,6 +88,22 @@ void handler_option_string_free(handler_option_string_t *ptr) {
   }
 }
 
+void handler_option_list_u8_free(handler_option_list_u8_t *ptr) {
+  if (ptr->is_some) {
+    handler_list_u8_free(&ptr->val);
+  }
+}
+
+void handler_option_u32_free(handler_option_u32_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
+void handler_option_s64_free(handler_option_s64_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
 void wharf_handler_types_list_property_free(wharf_handler_types_list_property_t *ptr) {
   size_t list_len = ptr->len;
   if (list_len > 0) {
@@ -106,7 +122,15 @@ void wharf_handler_types_delivery_free(wharf_handler_types_delivery_t *ptr) {
   handler_option_string_free(&ptr->message_id);
   handler_option_string_free(&ptr->correlation_id);
   handler_option_string_free(&ptr->reply_to);
+  handler_option_string_free(&ptr->to);
+  handler_option_list_u8_free(&ptr->user_id);
+  handler_option_string_free(&ptr->group_id);
+  handler_option_u32_free(&ptr->group_sequence);
+  handler_option_string_free(&ptr->reply_to_group_id);
+  handler_option_s64_free(&ptr->creation_time);
+  handler_option_s64_free(&ptr->absolute_expiry_time);
   wharf_handler_types_list_property_free(&ptr->properties);
+  wharf_handler_types_list_property_free(&ptr->annotations);
   handler_string_free(&ptr->address);
   handler_string_free(&ptr->tenant);
   handler_string_free(&ptr->mount);
@@ -135,6 +159,11 @@ void wharf_handler_outbox_list_property_free(wharf_handler_outbox_list_property_
   }
 }
 
+void handler_option_u8_free(handler_option_u8_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
 void handler_option_u64_free(handler_option_u64_t *ptr) {
   if (ptr->is_some) {
   }
@@ -147,6 +176,12 @@ void wharf_handler_outbox_message_free(wharf_handler_outbox_message_t *ptr) {
   handler_option_string_free(&ptr->message_id);
   handler_option_string_free(&ptr->correlation_id);
   wharf_handler_outbox_list_property_free(&ptr->properties);
+  handler_option_string_free(&ptr->group_id);
+  handler_option_u32_free(&ptr->group_sequence);
+  handler_option_string_free(&ptr->reply_to_group_id);
+  handler_option_u8_free(&ptr->priority);
+  handler_option_s64_free(&ptr->creation_time);
+  handler_option_s64_free(&ptr->absolute_expiry_time);
   handler_option_u64_free(&ptr->delay);
 }
 
@@ -197,7 +232,7 @@ void wharf_handler_log_log(wharf_handler_log_level_t level, handler_string_t *me
 
 bool wharf_handler_outbox_send(handler_string_t *address, wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err) {
   __attribute__((__aligned__(8)))
-  uint8_t ret_area[(24+18*sizeof(void*))];
+  uint8_t ret_area[(56+26*sizeof(void*))];
   uint8_t *ptr = (uint8_t *) &ret_area;
   *((size_t*)(ptr + sizeof(void*))) = (*address).len;
   *((uint8_t **)(ptr + 0)) = (uint8_t *) (*address).ptr;
@@ -238,24 +273,68 @@ bool wharf_handler_outbox_send(handler_string_t *address, wharf_handler_outbox_m
   *((size_t*)(ptr + (17*sizeof(void*)))) = ((*message).properties).len;
   *((uint8_t **)(ptr + (16*sizeof(void*)))) = (uint8_t *) ((*message).properties).ptr;
   *((int8_t*)(ptr + (18*sizeof(void*)))) = (*message).durable;
-  if (((*message).delay).is_some) {
-    const uint64_t *payload17 = &((*message).delay).val;
-    *((int8_t*)(ptr + (8+18*sizeof(void*)))) = 1;
-    *((int64_t*)(ptr + (16+18*sizeof(void*)))) = (int64_t) (*payload17);
+  if (((*message).group_id).is_some) {
+    const handler_string_t *payload17 = &((*message).group_id).val;
+    *((int8_t*)(ptr + (19*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (21*sizeof(void*)))) = (*payload17).len;
+    *((uint8_t **)(ptr + (20*sizeof(void*)))) = (uint8_t *) (*payload17).ptr;
   } else {
-    *((int8_t*)(ptr + (8+18*sizeof(void*)))) = 0;
+    *((int8_t*)(ptr + (19*sizeof(void*)))) = 0;
   }
-  uint8_t *ptr18 = (uint8_t *) &ret_area;
-  __wasm_import_wharf_handler_outbox_send(ptr, ptr18);
+  if (((*message).group_sequence).is_some) {
+    const uint32_t *payload19 = &((*message).group_sequence).val;
+    *((int8_t*)(ptr + (22*sizeof(void*)))) = 1;
+    *((int32_t*)(ptr + (4+22*sizeof(void*)))) = (int32_t) (*payload19);
+  } else {
+    *((int8_t*)(ptr + (22*sizeof(void*)))) = 0;
+  }
+  if (((*message).reply_to_group_id).is_some) {
+    const handler_string_t *payload21 = &((*message).reply_to_group_id).val;
+    *((int8_t*)(ptr + (8+22*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (8+24*sizeof(void*)))) = (*payload21).len;
+    *((uint8_t **)(ptr + (8+23*sizeof(void*)))) = (uint8_t *) (*payload21).ptr;
+  } else {
+    *((int8_t*)(ptr + (8+22*sizeof(void*)))) = 0;
+  }
+  if (((*message).priority).is_some) {
+    const uint8_t *payload23 = &((*message).priority).val;
+    *((int8_t*)(ptr + (8+25*sizeof(void*)))) = 1;
+    *((int8_t*)(ptr + (9+25*sizeof(void*)))) = (int32_t) (*payload23);
+  } else {
+    *((int8_t*)(ptr + (8+25*sizeof(void*)))) = 0;
+  }
+  if (((*message).creation_time).is_some) {
+    const int64_t *payload25 = &((*message).creation_time).val;
+    *((int8_t*)(ptr + (8+26*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (16+26*sizeof(void*)))) = *payload25;
+  } else {
+    *((int8_t*)(ptr + (8+26*sizeof(void*)))) = 0;
+  }
+  if (((*message).absolute_expiry_time).is_some) {
+    const int64_t *payload27 = &((*message).absolute_expiry_time).val;
+    *((int8_t*)(ptr + (24+26*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (32+26*sizeof(void*)))) = *payload27;
+  } else {
+    *((int8_t*)(ptr + (24+26*sizeof(void*)))) = 0;
+  }
+  if (((*message).delay).is_some) {
+    const uint64_t *payload29 = &((*message).delay).val;
+    *((int8_t*)(ptr + (40+26*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (48+26*sizeof(void*)))) = (int64_t) (*payload29);
+  } else {
+    *((int8_t*)(ptr + (40+26*sizeof(void*)))) = 0;
+  }
+  uint8_t *ptr30 = (uint8_t *) &ret_area;
+  __wasm_import_wharf_handler_outbox_send(ptr, ptr30);
   wharf_handler_outbox_result_void_send_error_t result;
-  switch ((int32_t) *((uint8_t*) (ptr18 + 0))) {
+  switch ((int32_t) *((uint8_t*) (ptr30 + 0))) {
     case 0: {
       result.is_err = false;
       break;
     }
     case 1: {
       result.is_err = true;
-      result.val.err = (int32_t) *((uint8_t*) (ptr18 + 1));
+      result.val.err = (int32_t) *((uint8_t*) (ptr30 + 1));
       break;
     }
   }
@@ -269,7 +348,7 @@ bool wharf_handler_outbox_send(handler_string_t *address, wharf_handler_outbox_m
 
 bool wharf_handler_outbox_reply(wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err) {
   __attribute__((__aligned__(8)))
-  uint8_t ret_area[(24+16*sizeof(void*))];
+  uint8_t ret_area[(56+24*sizeof(void*))];
   uint8_t *ptr = (uint8_t *) &ret_area;
   *((size_t*)(ptr + sizeof(void*))) = ((*message).body).len;
   *((uint8_t **)(ptr + 0)) = (uint8_t *) ((*message).body).ptr;
@@ -308,24 +387,68 @@ bool wharf_handler_outbox_reply(wharf_handler_outbox_message_t *message, wharf_h
   *((size_t*)(ptr + (15*sizeof(void*)))) = ((*message).properties).len;
   *((uint8_t **)(ptr + (14*sizeof(void*)))) = (uint8_t *) ((*message).properties).ptr;
   *((int8_t*)(ptr + (16*sizeof(void*)))) = (*message).durable;
-  if (((*message).delay).is_some) {
-    const uint64_t *payload17 = &((*message).delay).val;
-    *((int8_t*)(ptr + (8+16*sizeof(void*)))) = 1;
-    *((int64_t*)(ptr + (16+16*sizeof(void*)))) = (int64_t) (*payload17);
+  if (((*message).group_id).is_some) {
+    const handler_string_t *payload17 = &((*message).group_id).val;
+    *((int8_t*)(ptr + (17*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (19*sizeof(void*)))) = (*payload17).len;
+    *((uint8_t **)(ptr + (18*sizeof(void*)))) = (uint8_t *) (*payload17).ptr;
   } else {
-    *((int8_t*)(ptr + (8+16*sizeof(void*)))) = 0;
+    *((int8_t*)(ptr + (17*sizeof(void*)))) = 0;
   }
-  uint8_t *ptr18 = (uint8_t *) &ret_area;
-  __wasm_import_wharf_handler_outbox_reply(ptr, ptr18);
+  if (((*message).group_sequence).is_some) {
+    const uint32_t *payload19 = &((*message).group_sequence).val;
+    *((int8_t*)(ptr + (20*sizeof(void*)))) = 1;
+    *((int32_t*)(ptr + (4+20*sizeof(void*)))) = (int32_t) (*payload19);
+  } else {
+    *((int8_t*)(ptr + (20*sizeof(void*)))) = 0;
+  }
+  if (((*message).reply_to_group_id).is_some) {
+    const handler_string_t *payload21 = &((*message).reply_to_group_id).val;
+    *((int8_t*)(ptr + (8+20*sizeof(void*)))) = 1;
+    *((size_t*)(ptr + (8+22*sizeof(void*)))) = (*payload21).len;
+    *((uint8_t **)(ptr + (8+21*sizeof(void*)))) = (uint8_t *) (*payload21).ptr;
+  } else {
+    *((int8_t*)(ptr + (8+20*sizeof(void*)))) = 0;
+  }
+  if (((*message).priority).is_some) {
+    const uint8_t *payload23 = &((*message).priority).val;
+    *((int8_t*)(ptr + (8+23*sizeof(void*)))) = 1;
+    *((int8_t*)(ptr + (9+23*sizeof(void*)))) = (int32_t) (*payload23);
+  } else {
+    *((int8_t*)(ptr + (8+23*sizeof(void*)))) = 0;
+  }
+  if (((*message).creation_time).is_some) {
+    const int64_t *payload25 = &((*message).creation_time).val;
+    *((int8_t*)(ptr + (8+24*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (16+24*sizeof(void*)))) = *payload25;
+  } else {
+    *((int8_t*)(ptr + (8+24*sizeof(void*)))) = 0;
+  }
+  if (((*message).absolute_expiry_time).is_some) {
+    const int64_t *payload27 = &((*message).absolute_expiry_time).val;
+    *((int8_t*)(ptr + (24+24*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (32+24*sizeof(void*)))) = *payload27;
+  } else {
+    *((int8_t*)(ptr + (24+24*sizeof(void*)))) = 0;
+  }
+  if (((*message).delay).is_some) {
+    const uint64_t *payload29 = &((*message).delay).val;
+    *((int8_t*)(ptr + (40+24*sizeof(void*)))) = 1;
+    *((int64_t*)(ptr + (48+24*sizeof(void*)))) = (int64_t) (*payload29);
+  } else {
+    *((int8_t*)(ptr + (40+24*sizeof(void*)))) = 0;
+  }
+  uint8_t *ptr30 = (uint8_t *) &ret_area;
+  __wasm_import_wharf_handler_outbox_reply(ptr, ptr30);
   wharf_handler_outbox_result_void_send_error_t result;
-  switch ((int32_t) *((uint8_t*) (ptr18 + 0))) {
+  switch ((int32_t) *((uint8_t*) (ptr30 + 0))) {
     case 0: {
       result.is_err = false;
       break;
     }
     case 1: {
       result.is_err = true;
-      result.val.err = (int32_t) *((uint8_t*) (ptr18 + 1));
+      result.val.err = (int32_t) *((uint8_t*) (ptr30 + 1));
       break;
     }
   }
@@ -399,22 +522,117 @@ uint8_t * __wasm_export_exports_handler_handle(uint8_t * arg) {
       break;
     }
   }
-  handler_delivery_t arg4 = (wharf_handler_types_delivery_t) {
+  handler_option_string_t option4;
+  switch ((int32_t) *((uint8_t*) (arg + (17*sizeof(void*))))) {
+    case 0: {
+      option4.is_some = false;
+      break;
+    }
+    case 1: {
+      option4.is_some = true;
+      option4.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (18*sizeof(void*))))), (*((size_t*) (arg + (19*sizeof(void*))))) };
+      break;
+    }
+  }
+  handler_option_list_u8_t option5;
+  switch ((int32_t) *((uint8_t*) (arg + (20*sizeof(void*))))) {
+    case 0: {
+      option5.is_some = false;
+      break;
+    }
+    case 1: {
+      option5.is_some = true;
+      option5.val = (handler_list_u8_t) { (uint8_t*)(*((uint8_t **) (arg + (21*sizeof(void*))))), (*((size_t*) (arg + (22*sizeof(void*))))) };
+      break;
+    }
+  }
+  handler_option_string_t option6;
+  switch ((int32_t) *((uint8_t*) (arg + (23*sizeof(void*))))) {
+    case 0: {
+      option6.is_some = false;
+      break;
+    }
+    case 1: {
+      option6.is_some = true;
+      option6.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (24*sizeof(void*))))), (*((size_t*) (arg + (25*sizeof(void*))))) };
+      break;
+    }
+  }
+  handler_option_u32_t option7;
+  switch ((int32_t) *((uint8_t*) (arg + (26*sizeof(void*))))) {
+    case 0: {
+      option7.is_some = false;
+      break;
+    }
+    case 1: {
+      option7.is_some = true;
+      option7.val = (uint32_t) (*((int32_t*) (arg + (4+26*sizeof(void*)))));
+      break;
+    }
+  }
+  handler_option_string_t option8;
+  switch ((int32_t) *((uint8_t*) (arg + (8+26*sizeof(void*))))) {
+    case 0: {
+      option8.is_some = false;
+      break;
+    }
+    case 1: {
+      option8.is_some = true;
+      option8.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (8+27*sizeof(void*))))), (*((size_t*) (arg + (8+28*sizeof(void*))))) };
+      break;
+    }
+  }
+  handler_option_s64_t option9;
+  switch ((int32_t) *((uint8_t*) (arg + (16+28*sizeof(void*))))) {
+    case 0: {
+      option9.is_some = false;
+      break;
+    }
+    case 1: {
+      option9.is_some = true;
+      option9.val = *((int64_t*) (arg + (24+28*sizeof(void*))));
+      break;
+    }
+  }
+  handler_option_s64_t option10;
+  switch ((int32_t) *((uint8_t*) (arg + (32+28*sizeof(void*))))) {
+    case 0: {
+      option10.is_some = false;
+      break;
+    }
+    case 1: {
+      option10.is_some = true;
+      option10.val = *((int64_t*) (arg + (40+28*sizeof(void*))));
+      break;
+    }
+  }
+  handler_delivery_t arg12 = (wharf_handler_types_delivery_t) {
     (handler_list_u8_t) (handler_list_u8_t) { (uint8_t*)(*((uint8_t **) (arg + 0))), (*((size_t*) (arg + sizeof(void*)))) },
     (handler_option_string_t) option,
     (handler_option_string_t) option0,
     (handler_option_string_t) option1,
     (handler_option_string_t) option2,
     (handler_option_string_t) option3,
-    (wharf_handler_types_list_property_t) (wharf_handler_types_list_property_t) { (wharf_handler_types_property_t*)(*((uint8_t **) (arg + (17*sizeof(void*))))), (*((size_t*) (arg + (18*sizeof(void*))))) },
-    (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (19*sizeof(void*))))), (*((size_t*) (arg + (20*sizeof(void*))))) },
-    (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (21*sizeof(void*))))), (*((size_t*) (arg + (22*sizeof(void*))))) },
-    (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (23*sizeof(void*))))), (*((size_t*) (arg + (24*sizeof(void*))))) },
-    (uint32_t) (uint32_t) (*((int32_t*) (arg + (25*sizeof(void*))))),
-    (bool) (int32_t) *((uint8_t*) (arg + (4+25*sizeof(void*)))),
+    (handler_option_string_t) option4,
+    (handler_option_list_u8_t) option5,
+    (handler_option_string_t) option6,
+    (handler_option_u32_t) option7,
+    (handler_option_string_t) option8,
+    (handler_option_s64_t) option9,
+    (handler_option_s64_t) option10,
+    (uint8_t) (uint8_t) ((int32_t) *((uint8_t*) (arg + (48+28*sizeof(void*))))),
+    (bool) (int32_t) *((uint8_t*) (arg + (49+28*sizeof(void*)))),
+    (bool) (int32_t) *((uint8_t*) (arg + (50+28*sizeof(void*)))),
+    (wharf_handler_types_list_property_t) (wharf_handler_types_list_property_t) { (wharf_handler_types_property_t*)(*((uint8_t **) (arg + (48+29*sizeof(void*))))), (*((size_t*) (arg + (48+30*sizeof(void*))))) },
+    (wharf_handler_types_list_property_t) (wharf_handler_types_list_property_t) { (wharf_handler_types_property_t*)(*((uint8_t **) (arg + (48+31*sizeof(void*))))), (*((size_t*) (arg + (48+32*sizeof(void*))))) },
+    (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (48+33*sizeof(void*))))), (*((size_t*) (arg + (48+34*sizeof(void*))))) },
+    (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (48+35*sizeof(void*))))), (*((size_t*) (arg + (48+36*sizeof(void*))))) },
+    (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (arg + (48+37*sizeof(void*))))), (*((size_t*) (arg + (48+38*sizeof(void*))))) },
+    (uint32_t) (uint32_t) (*((int32_t*) (arg + (48+39*sizeof(void*))))),
+    (bool) (int32_t) *((uint8_t*) (arg + (52+39*sizeof(void*)))),
   };
   handler_outcome_t ret;
-  exports_handler_handle(&arg4, &ret);
+  exports_handler_handle(&arg12, &ret);
   free(arg);
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   switch ((int32_t) (ret).tag) {
@@ -427,9 +645,9 @@ uint8_t * __wasm_export_exports_handler_handle(uint8_t * arg) {
       break;
     }
     case 2: {
-      const uint64_t *payload6 = &(ret).val.retry_after;
+      const uint64_t *payload14 = &(ret).val.retry_after;
       *((int8_t*)(ptr + 0)) = 2;
-      *((int64_t*)(ptr + 8)) = (int64_t) (*payload6);
+      *((int64_t*)(ptr + 8)) = (int64_t) (*payload14);
       break;
     }
     case 3: {

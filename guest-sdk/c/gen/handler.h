@@ -75,6 +75,21 @@ typedef struct {
 } handler_option_string_t;
 
 typedef struct {
+  bool is_some;
+  handler_list_u8_t val;
+} handler_option_list_u8_t;
+
+typedef struct {
+  bool is_some;
+  uint32_t val;
+} handler_option_u32_t;
+
+typedef struct {
+  bool is_some;
+  int64_t val;
+} handler_option_s64_t;
+
+typedef struct {
   wharf_handler_types_property_t *ptr;
   size_t len;
 } wharf_handler_types_list_property_t;
@@ -94,8 +109,39 @@ typedef struct wharf_handler_types_delivery_t {
   handler_option_string_t   correlation_id;
   // `properties.reply-to`.
   handler_option_string_t   reply_to;
+  // `properties.to`: the address its publisher wrote on it (not
+  // always the address it was delivered from).
+  handler_option_string_t   to;
+  // `properties.user-id`: the identity its publisher claims (a broker
+  // may check it against the publisher's login, or not).
+  handler_option_list_u8_t   user_id;
+  // `properties.group-id`: the group (the broker's message group on
+  // Artemis and ActiveMQ Classic) the message belongs to.
+  handler_option_string_t   group_id;
+  // `properties.group-sequence`: its place within its group.
+  handler_option_u32_t   group_sequence;
+  // `properties.reply-to-group-id`.
+  handler_option_string_t   reply_to_group_id;
+  // `properties.creation-time`: milliseconds since the Unix epoch.
+  handler_option_s64_t   creation_time;
+  // `properties.absolute-expiry-time`: milliseconds since the Unix
+  // epoch.
+  handler_option_s64_t   absolute_expiry_time;
+  // `header.priority`: 4 when the message carries none.
+  uint8_t   priority;
+  // `header.durable`.
+  bool   durable;
+  // `header.first-acquirer`: as the broker sets it, which many leave
+  // false; `attempt` is what counts deliveries.
+  bool   first_acquirer;
   // The application properties, in the order the message carries them.
   wharf_handler_types_list_property_t   properties;
+  // The message annotations, in the order the message carries them,
+  // keys as text (a numeric key as its decimal digits). All of them,
+  // the broker's (`x-opt-*`) and wharf's own included:
+  // `x-opt-delivery-time` on a delayed retry copy and
+  // `x-opt-wharf-dead-letter-reason` on a dead letter.
+  wharf_handler_types_list_property_t   annotations;
   // The address the mount subscribes to.
   handler_string_t   address;
   // The tenant that owns the mount.
@@ -136,10 +182,17 @@ typedef struct {
 
 typedef struct {
   bool is_some;
+  uint8_t val;
+} handler_option_u8_t;
+
+typedef struct {
+  bool is_some;
   uint64_t val;
 } handler_option_u64_t;
 
-// A message to publish.
+// A message to publish. `to` and `user-id` are not the handler's to
+// set: the host addresses the message by the link it publishes on,
+// and brokers check `user-id` against the host's own login.
 typedef struct wharf_handler_outbox_message_t {
   // The body, sent as one `data` section.
   handler_list_u8_t   body;
@@ -158,6 +211,22 @@ typedef struct wharf_handler_outbox_message_t {
   wharf_handler_outbox_list_property_t   properties;
   // Whether the broker keeps the message on disk (`header.durable`).
   bool   durable;
+  // `properties.group-id`: on Artemis and ActiveMQ Classic the
+  // broker's message group, so one consumer at a time gets the
+  // group's messages.
+  handler_option_string_t   group_id;
+  // `properties.group-sequence`.
+  handler_option_u32_t   group_sequence;
+  // `properties.reply-to-group-id`.
+  handler_option_string_t   reply_to_group_id;
+  // `header.priority` (brokers order by 0 to 9); the broker's
+  // default, 4, when absent.
+  handler_option_u8_t   priority;
+  // `properties.creation-time`, milliseconds since the Unix epoch.
+  handler_option_s64_t   creation_time;
+  // `properties.absolute-expiry-time`, milliseconds since the Unix
+  // epoch: brokers that honour it discard the message after.
+  handler_option_s64_t   absolute_expiry_time;
   // Deliver no sooner than this many milliseconds after it is
   // published, on brokers that schedule messages (Artemis).
   handler_option_u64_t   delay;
@@ -188,11 +257,11 @@ typedef wharf_handler_types_delivery_t handler_delivery_t;
 
 typedef wharf_handler_types_outcome_t handler_outcome_t;
 
-// Imported Functions from `wharf:handler/log@0.2.0`
+// Imported Functions from `wharf:handler/log@0.3.0`
 // Write one log line.
 extern void wharf_handler_log_log(wharf_handler_log_level_t level, handler_string_t *message);
 
-// Imported Functions from `wharf:handler/outbox@0.2.0`
+// Imported Functions from `wharf:handler/outbox@0.3.0`
 // Publish `message` to `address` if the delivery is acknowledged.
 extern bool wharf_handler_outbox_send(handler_string_t *address, wharf_handler_outbox_message_t *message, wharf_handler_outbox_send_error_t *err);
 // Publish `message` to the delivery's `reply-to` if the delivery is
@@ -213,6 +282,12 @@ void wharf_handler_types_property_free(wharf_handler_types_property_t *ptr);
 
 void handler_option_string_free(handler_option_string_t *ptr);
 
+void handler_option_list_u8_free(handler_option_list_u8_t *ptr);
+
+void handler_option_u32_free(handler_option_u32_t *ptr);
+
+void handler_option_s64_free(handler_option_s64_t *ptr);
+
 void wharf_handler_types_list_property_free(wharf_handler_types_list_property_t *ptr);
 
 void wharf_handler_types_delivery_free(wharf_handler_types_delivery_t *ptr);
@@ -222,6 +297,8 @@ void wharf_handler_types_outcome_free(wharf_handler_types_outcome_t *ptr);
 void wharf_handler_outbox_property_free(wharf_handler_outbox_property_t *ptr);
 
 void wharf_handler_outbox_list_property_free(wharf_handler_outbox_list_property_t *ptr);
+
+void handler_option_u8_free(handler_option_u8_t *ptr);
 
 void handler_option_u64_free(handler_option_u64_t *ptr);
 
