@@ -658,3 +658,60 @@ async fn keys_a_publisher_chooses_are_only_keys_on_artemis() -> anyhow::Result<(
     client.close().await;
     Ok(())
 }
+
+/// What `wharf check --verbose --connect` prints for a mount on `address`
+/// at `url` ordered by `order_by`.
+async fn checked(url: &str, address: &str, order_by: &str) -> anyhow::Result<String> {
+    let mount = ordered(address, order_by, &format!("{address}.out"), &[]);
+    let config = crate::process::TempFile::new("toml", &config_text(url, &[mount]))?;
+    let output = tokio::process::Command::new(crate::process::wharf_binary())
+        .args(["check", "--verbose", "--connect", "--config"])
+        .arg(&config.0)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(output.status.success(), "{stdout}");
+    Ok(stdout)
+}
+
+#[tokio::test]
+async fn wharf_check_says_what_order_each_broker_keeps_across_replicas() -> anyhow::Result<()> {
+    let _broker = rabbitmq4_shared().await;
+    let rabbit_queue = unique("ordered-check");
+    declare(&rabbit_queue, "quorum", "").await?;
+    let cases = [
+        (
+            artemis_url(),
+            unique("ordered-check"),
+            "group-id",
+            "order kept across replicas too: the broker's message groups",
+        ),
+        (
+            activemq_url(),
+            unique("ordered-check"),
+            "property:key",
+            "order kept within this host only: the broker groups by group-id, not by this property",
+        ),
+        (
+            rabbitmq4_url(),
+            format!("/queues/{rabbit_queue}"),
+            "group-id",
+            "order kept within this host only: RabbitMQ has no message groups",
+        ),
+        (
+            qpid_url(),
+            unique("ordered-check"),
+            "group-id",
+            "order kept within this host only: wharf relies on no message groups there",
+        ),
+    ];
+    let mut result = Ok(());
+    for (url, address, order_by, says) in cases {
+        let stdout = checked(&url, &address, order_by).await?;
+        if !stdout.contains(says) || !stdout.contains(&format!("ordered by {order_by}")) {
+            result = Err(anyhow::anyhow!("`{says}` not in:\n{stdout}"));
+        }
+    }
+    delete(&rabbit_queue).await?;
+    result
+}

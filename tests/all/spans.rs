@@ -130,6 +130,55 @@ async fn one_messages_attempts_copy_and_dead_letter_are_one_trace() -> anyhow::R
     host.stop().await
 }
 
+#[tokio::test]
+async fn an_ordered_deliverys_spans_carry_its_key_cut_to_a_bound() -> anyhow::Result<()> {
+    let collector = Collector::start().await?;
+    let q = unique("spans-ordered");
+    let mount = MountToml::new("m", "fixture_script", &q).with("order_by = \"group-id\"");
+    let host =
+        TestHost::start_traced(vec![mount], &format!("endpoint = \"{}\"", collector.http)).await?;
+    let mut client = Client::connect(&artemis_url()).await?;
+    // A key longer than a span shows: cut at a character's edge.
+    let long = "ü".repeat(100);
+    for (id, key) in [
+        (format!("{q}.short"), "acct-9"),
+        (format!("{q}.long"), long.as_str()),
+    ] {
+        let message = TestMessage::new(&id, "x")
+            .group(key, 1)
+            .script("1:retry *:ack");
+        client.publish(&q, message).await?;
+    }
+    let process_name = format!("process {q}");
+    let spans = collector
+        .wait_until(SPANS_WITHIN, |spans| {
+            named(spans, &process_name).len() == 2
+                && named(spans, &format!("settle {q}")).len() == 2
+        })
+        .await?;
+    for process in named(&spans, &process_name) {
+        let key = process.attribute("wharf.order.key");
+        if process
+            .attribute("messaging.message.id")
+            .ends_with(".short")
+        {
+            assert_eq!(key, "acct-9");
+        } else {
+            let (shown, rest) = key.split_once('…').unwrap_or((key, ""));
+            assert!(long.starts_with(shown) && shown.len() <= 64, "{key:?}");
+            assert_eq!(rest, format!("(+{} bytes)", long.len() - shown.len()));
+        }
+    }
+    // The retry ran again in place, within the delivery's one span, which
+    // ends at the attempt that settled it.
+    for process in named(&spans, &process_name) {
+        assert_eq!(process.attribute("wharf.attempt"), "2");
+    }
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn outputs_and_replies_carry_their_send_spans_context_over_grpc() -> anyhow::Result<()> {
     let collector = Collector::start().await?;
