@@ -715,3 +715,84 @@ async fn wharf_check_says_what_order_each_broker_keeps_across_replicas() -> anyh
     delete(&rabbit_queue).await?;
     result
 }
+
+#[tokio::test]
+async fn an_output_refused_in_a_transaction_runs_its_delivery_again_in_place_on_artemis()
+-> anyhow::Result<()> {
+    let (q, out, full) = (
+        unique("ordered-txn"),
+        unique("ordered-txn-out"),
+        unique("ordered-txn-full"),
+    );
+    let mut client = Client::connect(&artemis_url()).await?;
+    // Full once it holds a message: an output there is given up on after
+    // publish_timeout, and its transaction rolled back.
+    client
+        .artemis_address_settings(
+            &full,
+            r#"{"maxSizeBytes":2,"pageSizeBytes":1,"addressFullMessagePolicy":"FAIL"}"#,
+        )
+        .await?;
+    client
+        .publish(&full, TestMessage::new("filler", "x"))
+        .await?;
+    let (keys, per_key) = (4u32, 5u32);
+    let mut messages = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            // k0's second message sends where the broker refuses it at
+            // first, and where it takes it when run again.
+            let script = if (k, seq) == (0, 1) {
+                format!("1:send={full},ack *:send={out},ack")
+            } else {
+                format!("*:send={out},ack")
+            };
+            messages.push(keyed(&format!("k{k}"), seq, &script).build());
+        }
+    }
+    let mount = MountToml::new("m", SCRIPT, &q)
+        .with("order_by = \"group-id\"\nconcurrency = 8")
+        .with("[tenant.mount.grants]")
+        .with(&format!("send = [\"{out}\", \"{full}\"]"));
+    let text = config_text(&artemis_url(), &[mount]).replacen(
+        "[broker]\n",
+        "[broker]\npublish_timeout = \"2s\"\n",
+        1,
+    );
+    let config = wharf_core::config::Config::parse(&text, std::path::Path::new("test.toml"))?;
+    let mut host = TestHost::start_config(config).await?;
+    assert!(crate::outbox::commits_in_transactions(&mut host));
+    let mut watch = client.watch(&out).await?;
+    client.publish_many(&q, messages).await?;
+    let refused = host.handled("k0.1").await?;
+    assert!(
+        refused.error.is_some() && matches!(refused.instead, Some(Plan::RunAgain { .. })),
+        "{refused:?}"
+    );
+    let again = host.handled("k0.1").await?;
+    assert_eq!(again.attempt, 2, "{again:?}");
+    let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for _ in 0..keys * per_key {
+        let (_, message) = watch.next().await?;
+        let body = String::from_utf8(body_bytes(&message))?;
+        let (key, seq) = body
+            .split_once('.')
+            .ok_or_else(|| anyhow::anyhow!("not KEY.SEQ: {body:?}"))?;
+        seen.entry(key.to_owned()).or_default().push(seq.parse()?);
+    }
+    watch.close().await;
+    let expected: Vec<u32> = (0..per_key).collect();
+    for (key, sequence) in &seen {
+        assert_eq!(
+            sequence, &expected,
+            "key {key} out of order or not once each"
+        );
+    }
+    // Nothing more on `out`, and the refused output was rolled back.
+    crate::outbox::artemis_count(&mut client, &out, 0).await?;
+    crate::outbox::artemis_count(&mut client, &full, 1).await?;
+    crate::outbox::artemis_count(&mut client, &q, 0).await?;
+    host.stop().await?;
+    client.close().await;
+    Ok(())
+}

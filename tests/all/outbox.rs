@@ -48,12 +48,16 @@ async fn settled(host: &mut TestHost, id: &str, attempt: u32) -> anyhow::Result<
     }
 }
 
-async fn artemis_count(client: &mut Client, queue: &str, expected: u64) -> anyhow::Result<()> {
+pub(crate) async fn artemis_count(
+    client: &mut Client,
+    queue: &str,
+    expected: u64,
+) -> anyhow::Result<()> {
     wait_for_count(queue, expected, async || client.artemis_count(queue).await).await
 }
 
 /// Whether the host's mount commits outputs in transactions.
-fn commits_in_transactions(host: &mut TestHost) -> bool {
+pub(crate) fn commits_in_transactions(host: &mut TestHost) -> bool {
     host.seen(|e| {
         matches!(
             e,
