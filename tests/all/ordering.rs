@@ -796,3 +796,62 @@ async fn an_output_refused_in_a_transaction_runs_its_delivery_again_in_place_on_
     client.close().await;
     Ok(())
 }
+
+/// The peak resident memory of a `wharf run` ordered by group-id with
+/// `max_keys = 32` that works through `n` messages of 16 KB waiting on a
+/// queue, each its own key: once at `max_keys` it takes nothing more off
+/// the link until a key is done, so the backlog stays on the broker.
+async fn peak_with_backlog(url: &str, n: usize) -> anyhow::Result<u64> {
+    let queue = unique("ordered-rss");
+    let body = "x".repeat(16 * 1024);
+    let messages = (0..n).map(|i| {
+        let id = format!("{queue}.{i}");
+        TestMessage::new(&id, &body)
+            .header(0)
+            .group(&id, 0)
+            .script("*:ack")
+            .build()
+    });
+    let mut client = Client::connect(url).await?;
+    client.publish_many(&queue, messages).await?;
+    let mount = MountToml::new("m", SCRIPT, &queue)
+        .with("order_by = \"group-id\"\nmax_keys = 32\nconcurrency = 4");
+    let mut wharf = WharfProcess::start_config(&config_text(url, &[mount])).await?;
+    let handled = wharf.collect_handled();
+    let deadline = tokio::time::Instant::now() + crate::DEADLINE * 4;
+    while handled.lock().expect("log").len() < n {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} handled",
+            handled.lock().expect("log").len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let peak = crate::process::peak_resident(&wharf)?;
+    crate::process::signal(&wharf, "-TERM").await?;
+    let _ = tokio::time::timeout(crate::DEADLINE, wharf.child.wait()).await;
+    client.close().await;
+    Ok(peak)
+}
+
+#[tokio::test]
+async fn at_max_keys_a_backlog_eight_times_larger_costs_no_more_memory_on_artemis()
+-> anyhow::Result<()> {
+    let url = artemis_url();
+    let small = peak_with_backlog(&url, 500).await?;
+    let large = peak_with_backlog(&url, 4_000).await?;
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    println!(
+        "max_keys = 32, each message its own key, 16 KB: peak RSS {:.1} MiB with 500 waiting (8 MB), {:.1} MiB with 4,000 (64 MB)",
+        mib(small),
+        mib(large)
+    );
+    // Holding the larger backlog's extra 3,500 messages would take 56 MB.
+    assert!(
+        large < small + 12 * 1024 * 1024,
+        "peak RSS grew with the backlog: {:.1} MiB to {:.1} MiB",
+        mib(small),
+        mib(large)
+    );
+    Ok(())
+}
