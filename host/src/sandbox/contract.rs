@@ -1,12 +1,13 @@
 //! Which version of the handler contract a component was built against,
 //! and calls into it: components of 0.3.0 (`wit/handler.wit`) are called as
-//! they are; those of 0.2.0 and 0.1.0 see a 0.2.0 delivery and publish
-//! 0.2.0 messages, which the host reads as today's.
+//! they are; those of 0.2.0 and 0.1.0 see a 0.2.0 delivery, and their
+//! `log` and 0.2.0 `outbox` are served as today's.
 
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
 use super::bindings;
+use super::bindings_0_1 as first;
 use super::bindings_0_2 as earlier;
 use super::bindings_0_2::wharf::handler::types as earlier_types;
 use super::log::LogView;
@@ -185,17 +186,25 @@ impl earlier::wharf::handler::outbox::Host for OutboxView<'_> {
     }
 }
 
-impl earlier::wharf::handler::log::Host for LogView<'_> {
-    fn log(&mut self, level: earlier::wharf::handler::log::Level, message: String) {
-        use bindings::wharf::handler::log::Level;
-        use earlier::wharf::handler::log::Level as E;
-        let level = match level {
-            E::Trace => Level::Trace,
-            E::Debug => Level::Debug,
-            E::Info => Level::Info,
-            E::Warn => Level::Warn,
-            E::Error => Level::Error,
-        };
-        bindings::wharf::handler::log::Host::log(self, level, message);
-    }
+/// Each earlier version's `log` writes as today's does.
+macro_rules! log_as_today {
+    ($($module:ident)::+) => {
+        impl $($module)::+::Host for LogView<'_> {
+            fn log(&mut self, level: $($module)::+::Level, message: String) {
+                use $($module)::+::Level as Earlier;
+                use bindings::wharf::handler::log::Level;
+                let level = match level {
+                    Earlier::Trace => Level::Trace,
+                    Earlier::Debug => Level::Debug,
+                    Earlier::Info => Level::Info,
+                    Earlier::Warn => Level::Warn,
+                    Earlier::Error => Level::Error,
+                };
+                bindings::wharf::handler::log::Host::log(self, level, message);
+            }
+        }
+    };
 }
+
+log_as_today!(earlier::wharf::handler::log);
+log_as_today!(first::wharf::handler::log);

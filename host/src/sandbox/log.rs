@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use wasmtime::component::HasData;
 
 use super::bindings::wharf::handler::log::{Host, Level};
-use super::bindings_0_1::wharf::handler::log as log_0_1;
 use super::output::{GuestLog, MAX_LOG_LINE};
 use wharf_core::config::LogLevel;
 use wharf_core::text::shown_up_to;
@@ -52,19 +51,6 @@ impl Host for LogView<'_> {
             Level::Warn => tracing::warn!(target: "wharf::guest", "{message}"),
             Level::Error => tracing::error!(target: "wharf::guest", "{message}"),
         }
-    }
-}
-
-impl log_0_1::Host for LogView<'_> {
-    fn log(&mut self, level: log_0_1::Level, message: String) {
-        let level = match level {
-            log_0_1::Level::Trace => Level::Trace,
-            log_0_1::Level::Debug => Level::Debug,
-            log_0_1::Level::Info => Level::Info,
-            log_0_1::Level::Warn => Level::Warn,
-            log_0_1::Level::Error => Level::Error,
-        };
-        Host::log(self, level, message);
     }
 }
 
