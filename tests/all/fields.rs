@@ -177,3 +177,101 @@ async fn a_component_built_against_0_2_0_still_runs_and_publishes() -> anyhow::R
     client.close().await;
     Ok(())
 }
+
+/// `wharf` with `args`; its stdout, which must say it succeeded.
+async fn wharf(args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(crate::process::wharf_binary())
+        .args(args)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(
+        output.status.success(),
+        "wharf {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(stdout)
+}
+
+#[tokio::test]
+async fn wharf_send_and_invoke_set_every_field() -> anyhow::Result<()> {
+    let q = unique("send-fields");
+    let mut client = crate::client::Client::connect(&artemis_url()).await?;
+    let mut watcher = client.watch(&q).await?;
+    let fields = [
+        "--group-id",
+        "g-1",
+        "--group-sequence",
+        "10",
+        "--reply-to-group-id",
+        "rg-1",
+        "--priority",
+        "8",
+        "--creation-time",
+        "1700000000000",
+        "--to",
+        "written-on-it",
+        "--user-id",
+        "publisher",
+        "--annotation",
+        "x-opt-note=n",
+    ];
+    let url = artemis_url();
+    let mut args = vec!["send", "--url", &url, "--address", &q];
+    args.extend(fields);
+    args.extend(["--transient", "one", "two"]);
+    wharf(&args).await?;
+    for (body, sequence) in [("one", 10), ("two", 11)] {
+        let (_, message) = watcher.next().await?;
+        assert_eq!(crate::client::body_text(&message), body);
+        let p = message.properties.clone().unwrap_or_default();
+        assert_eq!(
+            (
+                p.group_id.as_deref(),
+                p.group_sequence,
+                p.reply_to_group_id.as_deref()
+            ),
+            (Some("g-1"), Some(sequence), Some("rg-1"))
+        );
+        assert_eq!(p.creation_time.map(|t| t.milliseconds()), Some(CREATED));
+        assert_eq!(p.to.as_deref(), Some("written-on-it"));
+        assert_eq!(
+            p.user_id.as_deref().map(|b| &b[..]),
+            Some(&b"publisher"[..])
+        );
+        let header = message.header.clone().unwrap_or_default();
+        assert_eq!((header.priority.0, header.durable), (8, false));
+        let note = message
+            .message_annotations
+            .as_ref()
+            .and_then(|a| {
+                a.0.iter()
+                    .find(|(k, _)| format!("{k:?}").contains("x-opt-note"))
+            })
+            .map(|(_, v)| v.clone());
+        assert_eq!(note, Some(Value::from("n")));
+    }
+    watcher.close().await;
+    client.close().await;
+    // `wharf invoke` gives the same fields to a handler, which mirrors them.
+    let flaky = crate::guest("flaky").display().to_string();
+    let mut args = vec!["invoke", "--module", &flaky, "--body", "mirror:out"];
+    args.extend(["--send", "out", "--first-acquirer"]);
+    args.extend(fields);
+    let printed = wharf(&args).await?;
+    for said in [
+        "ack",
+        "group-id=g-1",
+        "reply-to-group-id=rg-1",
+        "group-sequence=10",
+        "priority=8",
+        "creation-time=1700000000000",
+        "to=written-on-it",
+        "user-id=9 bytes",
+        "first-acquirer=true",
+        "annotation:x-opt-note=n",
+    ] {
+        assert!(printed.contains(said), "`{said}` not in:\n{printed}");
+    }
+    Ok(())
+}
