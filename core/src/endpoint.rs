@@ -61,6 +61,13 @@ impl Endpoint {
 }
 
 impl Endpoint {
+    /// The node as the broker is reached, whoever logs in and however the
+    /// URL is spelt: `host:port`, the host in lower case. Two URLs with the
+    /// same node reach the same broker.
+    pub fn node(&self) -> String {
+        format!("{}:{}", self.host.to_ascii_lowercase(), self.port)
+    }
+
     /// Whether a connection to it crosses a network unencrypted: an
     /// `amqp://` URL to another machine (on this one a password in the
     /// clear goes nowhere).

@@ -122,10 +122,10 @@ fn toml_files(folder: &Path, depth: u32, files: &mut Vec<PathBuf>) -> std::io::R
 #[derive(Default)]
 struct Seen {
     tenant_names: HashSet<String>,
-    /// Which tenant uses each address, per broker: an address belongs to
-    /// one tenant, so no tenant can feed or drain another's.
+    /// Which tenant uses each address, per broker node: an address belongs
+    /// to one tenant, so no tenant can feed or drain another's.
     owners: HashMap<(String, String), String>,
-    /// Which mount has each subscription, per broker.
+    /// Which mount has each subscription, per broker node.
     subscriptions: HashMap<(String, String), String>,
     /// Send grants, checked once every tenant's addresses are known.
     sends: Vec<SendGrant>,
@@ -135,8 +135,10 @@ struct Seen {
 struct InTenant<'a> {
     name: &'a str,
     max_memory: Option<&'a Spanned<u64>>,
-    /// The URLs of the broker its mounts use, which addresses belong to.
-    broker_url: &'a str,
+    /// The nodes of the broker its mounts use, which addresses belong to
+    /// ([`crate::endpoint::Endpoint::node`]): one broker however its URLs
+    /// are spelt.
+    broker_nodes: &'a [String],
     /// The config file's folder, which module paths are relative to.
     base: &'a Path,
 }
@@ -166,11 +168,11 @@ impl Checker<'_> {
             )),
             None => None,
         };
-        let broker_url = tenant_broker.as_ref().unwrap_or(broker).urls.join(",");
+        let broker_nodes = nodes(tenant_broker.as_ref().unwrap_or(broker));
         let within = InTenant {
             name: &tenant_name,
             max_memory: tenant.max_memory.as_ref(),
-            broker_url: &broker_url,
+            broker_nodes: &broker_nodes,
             base,
         };
         let mut mount_names = HashSet::new();
@@ -266,7 +268,7 @@ impl Checker<'_> {
             seen.sends.push(SendGrant {
                 tenant: tenant_name.to_owned(),
                 here: here.clone(),
-                broker: within.broker_url.to_owned(),
+                broker_nodes: within.broker_nodes.to_vec(),
                 file: self.path.to_owned(),
                 line: self.line(send),
                 patterns: send.get_ref().clone(),
@@ -280,8 +282,11 @@ impl Checker<'_> {
         // Subscription queues are named across the whole broker: two
         // mounts sharing a name would share (or destroy) its messages.
         if let Some(subscription) = &mount.subscription {
-            let key = (within.broker_url.to_owned(), subscription.name.clone());
-            if let Some(first) = seen.subscriptions.insert(key, here.clone()) {
+            let first = within.broker_nodes.iter().find_map(|node| {
+                let key = (node.clone(), subscription.name.clone());
+                seen.subscriptions.insert(key, here.clone())
+            });
+            if let Some(first) = first {
                 return Err(self.invalid(
                     &Spanned::new(subscription_span, ()),
                     format!(
@@ -314,8 +319,11 @@ impl Checker<'_> {
         // Compared as brokers read them: `/queues/orders` on RabbitMQ is
         // `orders`.
         let pattern = AddressPattern::new(address.get_ref().clone());
-        for name in crate::address::pattern_names(BrokerKind::Other, &pattern) {
-            let key = (within.broker_url.to_owned(), name.as_str().to_owned());
+        for (name, node) in crate::address::pattern_names(BrokerKind::Other, &pattern)
+            .iter()
+            .flat_map(|name| within.broker_nodes.iter().map(move |node| (name, node)))
+        {
+            let key = (node.clone(), name.as_str().to_owned());
             let owner = owners.entry(key).or_insert_with(|| within.name.to_owned());
             if owner != within.name {
                 return Err(self.invalid(
@@ -1092,7 +1100,7 @@ fn sends_stay_home(
             }
             let read = crate::address::pattern_names(BrokerKind::Other, &pattern);
             let foreign = owners.iter().find(|((broker, address), owner)| {
-                *broker == grant.broker
+                grant.broker_nodes.contains(broker)
                     && **owner != grant.tenant
                     && read.iter().any(|p| p.matches(address))
             });
@@ -1110,4 +1118,17 @@ fn sends_stay_home(
         }
     }
     Ok(())
+}
+
+/// The nodes `broker`'s URLs reach, each once, as addresses and
+/// subscriptions on them are compared.
+fn nodes(broker: &Broker) -> Vec<String> {
+    let mut nodes: Vec<String> = broker
+        .urls
+        .iter()
+        .map(|url| Endpoint::parse(url).map_or_else(|_| url.to_ascii_lowercase(), |e| e.node()))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
 }

@@ -103,7 +103,8 @@ pub(super) struct RawTenant {
 pub(super) struct SendGrant {
     pub(super) tenant: String,
     pub(super) here: String,
-    pub(super) broker: String,
+    /// The nodes of the tenant's broker.
+    pub(super) broker_nodes: Vec<String>,
     /// The file and line of the grant.
     pub(super) file: PathBuf,
     pub(super) line: usize,

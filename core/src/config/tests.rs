@@ -956,3 +956,52 @@ fn ordered_mounts_refuse_what_cannot_hold_a_key() {
     let e = error(&format!("{GOOD}order_by = \"group-id\"\nmax_keys = 0\n"));
     assert!(e.contains("max_keys"), "{e}");
 }
+
+/// The same broker as `amqp://127.0.0.1`, spelt otherwise: the default
+/// port written out, another user, the host in capitals, a cluster listing
+/// it among other nodes.
+const SAME_BROKER: &[&str] = &[
+    "amqp://127.0.0.1:5672",
+    "amqp://someone:secret@127.0.0.1",
+    "amqp://LOCALHOST.example:5672\", \"amqp://127.0.0.1",
+];
+
+#[test]
+fn tenants_cannot_share_an_address_on_one_broker_under_another_url() {
+    for url in SAME_BROKER {
+        let text = TWO_TENANTS
+            .replace("url = \"amqp://other:5672\"", &format!("url = [\"{url}\"]"))
+            .replace("address = \"b.q\"", "address = \"a.q\"");
+        let e = error(&text);
+        assert!(e.contains("already belongs to tenant `a`"), "{url}: {e}");
+    }
+    // A cluster's nodes in another order are the same cluster.
+    let text = TWO_TENANTS
+        .replace(
+            "url = \"amqp://127.0.0.1\"",
+            "url = [\"amqp://n1:5672\", \"amqp://n2:5672\"]",
+        )
+        .replace(
+            "url = \"amqp://other:5672\"",
+            "url = [\"amqp://N2\", \"amqp://n1\"]",
+        )
+        .replace("address = \"b.q\"", "address = \"a.q\"");
+    assert!(error(&text).contains("already belongs to tenant `a`"));
+}
+
+#[test]
+fn a_wildcard_never_reaches_another_tenants_address_on_the_same_broker_under_another_url() {
+    for url in SAME_BROKER {
+        let text = SENDS
+            .replace(r#"send = ["a.*", "audit"]"#, r#"send = ["*.in"]"#)
+            .replace(
+                "[[tenant]]\nname = \"b\"\n",
+                &format!("[[tenant]]\nname = \"b\"\n[tenant.broker]\nurl = [\"{url}\"]\ncontainer_id = \"b\"\n"),
+            );
+        let message = error(&text);
+        assert!(
+            message.contains("`*.in` matches `b.in`, an address of tenant `b`"),
+            "{url}: {message}"
+        );
+    }
+}
