@@ -200,7 +200,7 @@ pub(crate) async fn config_reloaded(host: &mut TestHost) -> anyhow::Result<Confi
 }
 
 /// The next config reload, whatever its result.
-async fn config_change(host: &mut TestHost) -> anyhow::Result<ConfigChange> {
+pub(crate) async fn config_change(host: &mut TestHost) -> anyhow::Result<ConfigChange> {
     host.next(|e| match e {
         Event::ConfigReloaded(change) => Some(change.clone()),
         _ => None,

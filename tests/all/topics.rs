@@ -407,3 +407,73 @@ async fn a_shared_topic_mount_replaced_by_a_reload_loses_nothing() -> anyhow::Re
     end(&address, "wharf.reloads.m").await?;
     Ok(())
 }
+
+/// A topic mount of `kind` renamed by a reload while its messages wait,
+/// the renamed one's module failing to start: the new config names the
+/// same subscription, so it is not ended with the old mount, and once the
+/// module is mended every message is handled.
+async fn renamed_keeps_backlog(kind: SubscriptionKind) -> anyhow::Result<()> {
+    const N: usize = 20;
+    let url = artemis_url();
+    let address = topic();
+    let subscription = unique("kept-subscription");
+    let files = Workspace::new()?;
+    let trapping = crate::limits::wat_handler_with("(start $boom) (func $boom unreachable)", "");
+    let config = |name: &str, module: Option<&std::path::Path>| {
+        let mut mount = topic_mount(name, &address)
+            .with(&format!(
+                "subscription = \"{}\"\nsubscription_name = \"{subscription}\"",
+                kind.as_str()
+            ))
+            .with("credit = 1\nconcurrency = 1")
+            .with("[tenant.mount.grants]\nclocks = true");
+        if let Some(module) = module {
+            mount.module = module.to_owned();
+        }
+        // One container-id throughout: the exclusive subscription is the
+        // container's.
+        let text = tenants_text(&url, "", &[TenantToml::new("renames", vec![mount])]);
+        let (_, rest) = text.split_once("[host]").expect("a [host] section");
+        format!("[broker]\nurl = \"{url}\"\ncontainer_id = \"{subscription}\"\n[host]{rest}")
+    };
+    files.replace("wharf.toml", config("before", None).as_bytes())?;
+    let mut host = TestHost::start_config(Config::load(&files.path("wharf.toml"))?).await?;
+    let mut client = Client::connect(&url).await?;
+    let ids: Vec<String> = (0..N).map(|n| format!("{address}.{n}")).collect();
+    client
+        .publish_scripted(&address, &ids, "*:busy=200")
+        .await?;
+    files.replace("wharf.toml", config("after", Some(&trapping)).as_bytes())?;
+    let change = crate::reload::config_change(&mut host).await?;
+    assert_eq!(change.removed, ["renames/before"], "{change:?}");
+    assert!(change.error.is_some(), "{change:?}");
+    files.replace("wharf.toml", config("after", None).as_bytes())?;
+    config_reloaded(&mut host).await?;
+    let mut handled: HashMap<String, usize> = HashMap::new();
+    while handled.len() < N {
+        let id = host
+            .next(|e| match e {
+                Event::Handled(h) if h.disposition == Some(Disposition::Accepted) => {
+                    h.message_id.clone()
+                }
+                _ => None,
+            })
+            .await
+            .with_context(|| format!("{kind:?}: {} of {N} handled", handled.len()))?;
+        *handled.entry(id).or_default() += 1;
+    }
+    host.stop().await?;
+    client.close().await;
+    let _ = std::fs::remove_file(trapping);
+    if kind == SubscriptionKind::DurableShared {
+        end(&address, &subscription).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn renaming_a_topic_mount_that_keeps_its_subscription_name_keeps_its_backlog()
+-> anyhow::Result<()> {
+    renamed_keeps_backlog(SubscriptionKind::Durable).await?;
+    renamed_keeps_backlog(SubscriptionKind::DurableShared).await
+}

@@ -479,11 +479,16 @@ impl Control {
                 (key, (tenant.clone(), mount.clone(), module))
             })
             .collect();
+        let named = config
+            .mounts()
+            .filter_map(|(tenant, mount)| SubscriptionId::of(tenant.broker.as_ref(), mount))
+            .collect();
         let change = reload::carry_out(
             plan,
             &mut Applying {
                 control: self,
                 modules,
+                named,
             },
         )
         .await;
@@ -518,8 +523,8 @@ impl Control {
         let attached = if let Some(old) = self.takes_over_first(&key, mount) {
             // The old subscription cannot be consumed beside the new one:
             // it goes first, and ends if the new mount subscribes elsewhere.
-            if old.config.subscription != mount.subscription || old.config.address != mount.address
-            {
+            let broker = tenant.broker.as_ref();
+            if SubscriptionId::of(broker, &old.config) != SubscriptionId::of(broker, mount) {
                 old.end_subscription_on_stop();
             }
             self.stop(std::slice::from_ref(&key)).await;
@@ -584,6 +589,33 @@ impl Control {
 struct Applying<'a> {
     control: &'a mut Control,
     modules: HashMap<MountKey, (Tenant, Mount, Module)>,
+    /// The durable subscriptions the new config's mounts name.
+    named: Vec<SubscriptionId>,
+}
+
+/// A durable topic subscription as the broker keeps it: on one broker, of
+/// one address, of one kind and name, whichever mount names it.
+#[derive(Debug, PartialEq)]
+struct SubscriptionId {
+    /// The tenant's own broker; `None`: the host's.
+    broker: Option<Broker>,
+    address: String,
+    kind: SubscriptionKind,
+    name: String,
+}
+
+impl SubscriptionId {
+    /// The durable subscription `mount` consumes from, if any, on its
+    /// tenant's `broker`.
+    fn of(broker: Option<&Broker>, mount: &Mount) -> Option<SubscriptionId> {
+        let subscription = mount.subscription.as_ref()?;
+        (subscription.kind != SubscriptionKind::Volatile).then(|| SubscriptionId {
+            broker: broker.cloned(),
+            address: mount.address.clone(),
+            kind: subscription.kind,
+            name: subscription.name.clone(),
+        })
+    }
 }
 
 impl Applying<'_> {
@@ -613,10 +645,15 @@ impl reload::Steps for Applying<'_> {
 
     async fn detach(&mut self, keys: &[MountKey]) {
         // A mount gone from the config ends its durable subscription, so
-        // subscriptions do not pile up on the broker.
+        // subscriptions do not pile up on the broker; not one a mount of
+        // the new config still names (a renamed mount, a moved one), which
+        // would lose the messages waiting in it.
         for key in keys {
             if let Some(mount) = self.control.mounts.get(key) {
-                mount.spec.end_subscription_on_stop();
+                let id = SubscriptionId::of(mount.placement.broker.as_ref(), &mount.spec.config);
+                if id.is_some_and(|id| !self.named.contains(&id)) {
+                    mount.spec.end_subscription_on_stop();
+                }
             }
         }
         self.control.stop(keys).await;
