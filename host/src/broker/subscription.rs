@@ -235,6 +235,14 @@ impl Subscription {
         }
     }
 
+    /// At most once, stops renewing the link's credit: what the broker
+    /// already sent (at most the credit it was last given) still arrives,
+    /// and then the link goes quiet. Taken at a stop, so that a backlog
+    /// cannot keep it receiving.
+    pub fn stop_renewing_credit(&mut self) {
+        self.presettled_credit = None;
+    }
+
     /// At most once, renews the link's credit once half of it is used, as
     /// fe2o3 does for unsettled deliveries when they are settled.
     async fn renew_presettled_credit(&mut self) -> Result<(), BrokerError> {

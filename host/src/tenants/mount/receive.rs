@@ -278,10 +278,11 @@ impl Handling<'_> {
 const QUIET: Duration = Duration::from_millis(200);
 
 /// At most once, every delivery the broker sent was settled on arrival:
-/// left in the link's buffer at a stop, it would be lost. So whatever
-/// arrives until the link stays quiet for [`QUIET`] (or `deadline`) is
-/// handled like any other delivery. (The link's credit is not withdrawn
-/// first: fe2o3 would then refuse the transfers already on their way.)
+/// left in the link's buffer at a stop, it would be lost. So the credit is
+/// no longer renewed, and whatever the broker already sent, which arrives
+/// until the link stays quiet for [`QUIET`] (or `deadline`), is handled
+/// like any other delivery. (The link's credit is not withdrawn: fe2o3
+/// would then refuse the transfers already on their way.)
 async fn take_the_rest(
     subscription: &mut Subscription,
     tasks: &mut JoinSet<()>,
@@ -289,6 +290,7 @@ async fn take_the_rest(
     admitting: Option<Admitting>,
     deadline: Instant,
 ) {
+    subscription.stop_renewing_credit();
     let start = async |tasks: &mut JoinSet<()>, inbound: Box<Inbound>, room: Room| {
         let slot =
             tokio::time::timeout_at(deadline, handling.handlers.clone().acquire_owned()).await;
