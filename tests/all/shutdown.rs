@@ -84,6 +84,45 @@ async fn sighup_reloads_the_config_and_the_mounts_keep_serving() -> anyhow::Resu
 }
 
 #[tokio::test]
+async fn a_stop_during_a_reload_whose_module_spins_at_start_still_drains() -> anyhow::Result<()> {
+    let q = unique("reload-spin");
+    let url = artemis_url();
+    let good = MountToml::new("m", "fixture_script", &q);
+    let grace = |text: String| text.replace("shutdown_grace = \"20s\"", "shutdown_grace = \"2s\"");
+    let mut wharf = WharfProcess::start_config(&grace(crate::config_text(
+        &url,
+        std::slice::from_ref(&good),
+    )))
+    .await?;
+    let mut spins =
+        MountToml::new("spins", "fixture_script", &unique("spins")).with("timeout = \"60s\"");
+    spins.module =
+        crate::limits::wat_handler_with("(start $spin) (func $spin (loop $l (br $l)))", "");
+    std::fs::write(
+        wharf.config_path(),
+        grace(crate::config_text(&url, &[good, spins.clone()])),
+    )?;
+    signal(&wharf, "-HUP").await?;
+    wharf
+        .wait_for_log("starting the new and changed mounts' modules")
+        .await?;
+    // The new module spins in its start-up for up to a minute: the stop
+    // must not wait for it.
+    signal(&wharf, "-TERM").await?;
+    let lines = wharf.lines_until("\"message\":\"stopped\"").await?;
+    let exit = tokio::time::timeout(DEADLINE, wharf.child.wait()).await??;
+    assert!(exit.success(), "wharf exited with {exit}");
+    assert!(
+        !lines
+            .iter()
+            .any(|line| line.contains("stopping took too long")),
+        "the stop waited for the spinning module: {lines:#?}"
+    );
+    let _ = std::fs::remove_file(&spins.module);
+    Ok(())
+}
+
+#[tokio::test]
 async fn graceful_stop_lets_in_flight_handlers_finish_and_settles_them() -> anyhow::Result<()> {
     let q = unique("drain");
     // `busy` reads the clock to know when to stop.

@@ -91,6 +91,11 @@ impl WharfProcess {
         Ok(process)
     }
 
+    /// The config file it runs: rewrite it, then send SIGHUP to reload.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self._config.0
+    }
+
     /// The next log line: one read early, else the pipe's next, by
     /// `deadline`; `None` once wharf exited.
     async fn next_line(

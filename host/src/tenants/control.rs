@@ -21,7 +21,7 @@ use crate::admin::{Health, Metrics};
 use crate::broker::{BrokerPool, ConnectOptions};
 use crate::events::{ConfigChange, Event};
 use crate::registry::{self, Registry};
-use crate::sandbox::{InstanceSlots, LogTags, Module, Owners, Sandbox};
+use crate::sandbox::{Failure, InstanceSlots, LogTags, Module, Owners, Sandbox};
 use crate::telemetry::Telemetry;
 use wharf_core::config::{
     Broker, Config, ConfigError, Mount, Node, SaslMechanism, SubscriptionKind, Tenant,
@@ -471,13 +471,46 @@ impl Control {
             .map(|(key, m)| (key.clone(), (m.spec.config.clone(), m.placement.clone())))
             .collect();
         let plan = reload::plan(&running, &reload::wanted(&config));
-        let modules = config
+        let modules: HashMap<MountKey, (Tenant, Mount, Module)> = config
             .mounts()
             .zip(modules)
             .map(|((tenant, mount), module)| {
                 let key = (tenant.name.clone(), mount.name.clone());
                 (key, (tenant.clone(), mount.clone(), module))
             })
+            .collect();
+        // Every new or changed mount's module started once, side by side
+        // and off the way of a stop.
+        let starting: Vec<_> = plan
+            .iter()
+            .filter_map(|step| match step {
+                reload::Step::Attach(key) | reload::Step::Replace(key) => Some(key),
+                _ => None,
+            })
+            .filter_map(|key| {
+                let (tenant, mount, module) = modules.get(key)?;
+                Some((key, (tenant, mount, module)))
+            })
+            .collect();
+        let mounts: Vec<_> = starting.iter().map(|(_, mount)| *mount).collect();
+        tracing::debug!(
+            modules = mounts.len(),
+            "starting the new and changed mounts' modules"
+        );
+        let probing = super::probe_mounts(&self.sandbox, &self.owners, &mounts);
+        let probed = tokio::select! {
+            probed = probing => probed,
+            () = self.stopping.cancelled() => {
+                return ConfigChange {
+                    error: Some("stopping: the modules were not started".to_owned()),
+                    ..ConfigChange::default()
+                };
+            }
+        };
+        let probed: HashMap<MountKey, Result<(), Failure>> = starting
+            .iter()
+            .map(|(key, _)| (*key).clone())
+            .zip(probed)
             .collect();
         let named = config
             .mounts()
@@ -488,6 +521,7 @@ impl Control {
             &mut Applying {
                 control: self,
                 modules,
+                probed,
                 named,
             },
         )
@@ -510,11 +544,6 @@ impl Control {
     ) -> Result<(), String> {
         let key = (tenant.name.clone(), mount.name.clone());
         let spec = self.spec(tenant, mount, module);
-        spec.module
-            .current()
-            .probe()
-            .await
-            .map_err(|failure| format!("module does not start: {failure}"))?;
         if !replacing {
             self.spawn(tenant, spec, None);
             return Ok(());
@@ -589,6 +618,8 @@ impl Control {
 struct Applying<'a> {
     control: &'a mut Control,
     modules: HashMap<MountKey, (Tenant, Mount, Module)>,
+    /// How each new or changed mount's module started.
+    probed: HashMap<MountKey, Result<(), Failure>>,
     /// The durable subscriptions the new config's mounts name.
     named: Vec<SubscriptionId>,
 }
@@ -624,6 +655,9 @@ impl Applying<'_> {
             .modules
             .remove(key)
             .expect("a plan attaches only wanted mounts, once each");
+        if let Some(Err(failure)) = self.probed.remove(key) {
+            return Err(format!("module does not start: {failure}"));
+        }
         self.control
             .start_mount(&tenant, &mount, module, replacing)
             .await

@@ -22,12 +22,12 @@ use crate::admin::{AdminServer, Health, Metrics};
 use crate::events::{ConfigChange, EVENT_CAPACITY, Event};
 use crate::registry::{self, Registry};
 use crate::sandbox::{
-    CallLimits, Instances, LoadError, LogTags, Module, Owners, Sandbox, TenantShare,
+    CallLimits, Failure, Instances, LoadError, LogTags, Module, Owners, Sandbox, TenantShare,
 };
 use crate::telemetry::{Exporter, Settings, Telemetry};
 use control::{Command, Control};
 pub(crate) use mount::KeysNow;
-use wharf_core::config::Config;
+use wharf_core::config::{Config, Mount, Tenant};
 
 /// How long a stopping host waits for its last spans to be exported.
 const EXPORT_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
@@ -256,15 +256,51 @@ async fn probe_modules(
     config: &Config,
     modules: &[Module],
 ) -> Result<(), Vec<MountError<LoadError>>> {
-    let mut errors = Vec::new();
     let owners: Owners = config.address_owners().into();
-    for ((tenant, mount), module) in config.mounts().zip(modules) {
+    let mounts: Vec<_> = config
+        .mounts()
+        .zip(modules)
+        .map(|((tenant, mount), module)| (tenant, mount, module))
+        .collect();
+    let probed = probe_mounts(sandbox, &owners, &mounts).await;
+    let errors: Vec<_> = mounts
+        .iter()
+        .zip(probed)
+        .filter_map(|((tenant, mount, _), probed)| {
+            let failure = probed.err()?;
+            Some(MountError {
+                tenant: tenant.name.clone(),
+                mount: mount.name.clone(),
+                source: LoadError {
+                    path: mount.module.clone(),
+                    reason: format!("does not start: {failure}"),
+                },
+            })
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Instantiates each mount's module once with the mount's grants and
+/// limits, side by side: the sandbox's probe slots bound how many run at
+/// once, each under its mount's `timeout`, so one module whose start-up
+/// spins delays no other's past that. The results in `mounts`' order.
+async fn probe_mounts(
+    sandbox: &Sandbox,
+    owners: &Owners,
+    mounts: &[(&Tenant, &Mount, &Module)],
+) -> Vec<Result<(), Failure>> {
+    let probes = mounts.iter().map(|(tenant, mount, module)| {
         let tags = Arc::new(LogTags {
             tenant: tenant.name.as_str().into(),
             mount: mount.name.as_str().into(),
         });
         let instances = Instances::new(
-            module.clone(),
+            (*module).clone(),
             CallLimits {
                 timeout: mount.timeout,
                 memory: mount.memory,
@@ -276,22 +312,9 @@ async fn probe_modules(
             TenantShare::new(&tenant.budget),
             sandbox.slots().clone(),
         );
-        if let Err(failure) = instances.probe().await {
-            errors.push(MountError {
-                tenant: tenant.name.clone(),
-                mount: mount.name.clone(),
-                source: LoadError {
-                    path: mount.module.clone(),
-                    reason: format!("does not start: {failure}"),
-                },
-            });
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors)
-    }
+        async move { instances.probe().await }
+    });
+    futures_util::future::join_all(probes).await
 }
 
 /// Pulls the modules the config names from registries; one that cannot
