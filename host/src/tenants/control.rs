@@ -479,39 +479,12 @@ impl Control {
                 (key, (tenant.clone(), mount.clone(), module))
             })
             .collect();
-        // Every new or changed mount's module started once, side by side
-        // and off the way of a stop.
-        let starting: Vec<_> = plan
-            .iter()
-            .filter_map(|step| match step {
-                reload::Step::Attach(key) | reload::Step::Replace(key) => Some(key),
-                _ => None,
-            })
-            .filter_map(|key| {
-                let (tenant, mount, module) = modules.get(key)?;
-                Some((key, (tenant, mount, module)))
-            })
-            .collect();
-        let mounts: Vec<_> = starting.iter().map(|(_, mount)| *mount).collect();
-        tracing::debug!(
-            modules = mounts.len(),
-            "starting the new and changed mounts' modules"
-        );
-        let probing = super::probe_mounts(&self.sandbox, &self.owners, &mounts);
-        let probed = tokio::select! {
-            probed = probing => probed,
-            () = self.stopping.cancelled() => {
-                return ConfigChange {
-                    error: Some("stopping: the modules were not started".to_owned()),
-                    ..ConfigChange::default()
-                };
-            }
+        let Some(probed) = self.start_modules(&plan, &modules).await else {
+            return ConfigChange {
+                error: Some("stopping: the modules were not started".to_owned()),
+                ..ConfigChange::default()
+            };
         };
-        let probed: HashMap<MountKey, Result<(), Failure>> = starting
-            .iter()
-            .map(|(key, _)| (*key).clone())
-            .zip(probed)
-            .collect();
         let named = config
             .mounts()
             .filter_map(|(tenant, mount)| SubscriptionId::of(tenant.broker.as_ref(), mount))
@@ -530,6 +503,37 @@ impl Control {
         self.pulled.send_replace(registry::pulled_modules(&config));
         self.config = config;
         change
+    }
+
+    /// Starts the module of every mount `plan` attaches or replaces once,
+    /// side by side and off the way of a stop (`None` when one comes):
+    /// how each started.
+    async fn start_modules(
+        &self,
+        plan: &[reload::Step],
+        modules: &HashMap<MountKey, (Tenant, Mount, Module)>,
+    ) -> Option<HashMap<MountKey, Result<(), Failure>>> {
+        let (keys, mounts): (Vec<&MountKey>, Vec<_>) = plan
+            .iter()
+            .filter_map(|step| match step {
+                reload::Step::Attach(key) | reload::Step::Replace(key) => Some(key),
+                _ => None,
+            })
+            .filter_map(|key| {
+                let (tenant, mount, module) = modules.get(key)?;
+                Some((key, (tenant, mount, module)))
+            })
+            .unzip();
+        tracing::debug!(
+            modules = mounts.len(),
+            "starting the new and changed mounts' modules"
+        );
+        tokio::select! {
+            probed = super::probe_mounts(&self.sandbox, &self.owners, &mounts) => {
+                Some(keys.into_iter().cloned().zip(probed).collect())
+            }
+            () = self.stopping.cancelled() => None,
+        }
     }
 
     /// Starts a new or changed mount. A changed one is attached before the
