@@ -427,8 +427,13 @@ fn main() -> ExitCode {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("WHARF_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only for a person at a terminal: a log written to a file or a
+    // pipe carries no escape codes, and `NO_COLOR` turns colour off.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(wharf::logging::LogWriter::stderr());
     match format {
         LogFormat::Text => builder.init(),

@@ -262,3 +262,37 @@ async fn an_at_most_once_mount_takes_more_than_its_credit() -> anyhow::Result<()
     client.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_log_into_a_pipe_carries_no_escape_codes() -> anyhow::Result<()> {
+    let q = unique("plain-log");
+    let config = crate::process::TempFile::new(
+        "toml",
+        &crate::config_text(&artemis_url(), &[MountToml::new("m", "fixture_script", &q)]),
+    )?;
+    let mut child = tokio::process::Command::new(crate::process::wharf_binary())
+        .args(["run", "--config"])
+        .arg(&config.0)
+        .env_remove("NO_COLOR")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stderr = child.stderr.take().expect("piped");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stderr));
+    let mut read = Vec::new();
+    while !read
+        .last()
+        .is_some_and(|line: &String| line.contains("running"))
+    {
+        let line = tokio::time::timeout(DEADLINE, lines.next_line())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("wharf exited: {read:#?}"))?;
+        read.push(line);
+    }
+    child.kill().await?;
+    assert!(
+        read.iter().all(|line| !line.contains('\u{1b}')),
+        "escape codes in a piped log: {read:#?}"
+    );
+    Ok(())
+}
