@@ -42,7 +42,6 @@ enum LogFormat {
     Json,
 }
 
-/// The broker `wharf send` and `wharf request` talk to.
 /// A message's AMQP fields beyond body and application properties.
 #[derive(clap::Args)]
 struct FieldArgs {
@@ -100,6 +99,7 @@ impl FieldArgs {
     }
 }
 
+/// The broker `wharf send` and `wharf request` talk to.
 #[derive(clap::Args)]
 struct BrokerChoice {
     /// The broker, e.g. amqp://admin:admin@127.0.0.1:5672 (amqps:// trusts
@@ -158,6 +158,7 @@ enum Command {
     /// messages go with it). Removing the mount from the config and
     /// reloading does the same; stopping wharf never does.
     Unsubscribe {
+        /// The configuration file.
         #[arg(long, short, default_value = "wharf.toml")]
         config: PathBuf,
         /// The mount's tenant.
@@ -803,4 +804,92 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The command-line reference, `docs/reference/cli.md`, made from the
+/// commands' own definitions so that it cannot drift from them.
+#[cfg(test)]
+fn cli_reference() -> String {
+    use clap::CommandFactory as _;
+    let cli = Cli::command();
+    let mut text = String::from(
+        "# Command-line reference\n\n\
+         Made from `wharf`'s own definitions; a test fails when they differ \
+         (`WHARF_UPDATE_DOCS=1 cargo test -p wharf-host --bin wharf` rewrites it).\n\n",
+    );
+    text += "Log lines go to stderr, their level filter in `WHARF_LOG`. Every command takes:\n";
+    arguments_of(&cli, |arg| arg.is_global_set(), &mut text);
+    for command in cli.get_subcommands() {
+        reference_of(command, "wharf", &mut text);
+    }
+    text
+}
+
+/// `command`'s section of the reference, and its subcommands'.
+#[cfg(test)]
+fn reference_of(command: &clap::Command, parent: &str, text: &mut String) {
+    let name = format!("{parent} {}", command.get_name());
+    let one_line = |s: String| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let about = command
+        .get_long_about()
+        .or(command.get_about())
+        .map(|about| one_line(about.to_string()))
+        .unwrap_or_default();
+    *text += &format!("\n## `{name}`\n\n{about}\n");
+    arguments_of(command, |arg| !arg.is_global_set(), text);
+    for sub in command.get_subcommands() {
+        reference_of(sub, &name, text);
+    }
+}
+
+/// The table of `command`'s arguments that `wanted` picks, if any.
+#[cfg(test)]
+fn arguments_of(command: &clap::Command, wanted: impl Fn(&clap::Arg) -> bool, text: &mut String) {
+    let one_line = |s: String| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let arguments: Vec<_> = command
+        .get_arguments()
+        .filter(|arg| !arg.is_hide_set() && wanted(arg))
+        .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
+        .collect();
+    if !arguments.is_empty() {
+        *text += "\n| argument | default | what it is |\n|---|---|---|\n";
+    }
+    for arg in arguments {
+        let shown = match (arg.get_long(), arg.get_short()) {
+            (Some(long), Some(short)) => format!("`-{short}`, `--{long}`"),
+            (Some(long), None) => format!("`--{long}`"),
+            _ => format!("`{}`", arg.get_id().as_str().to_uppercase()),
+        };
+        let default = arg
+            .get_default_values()
+            .iter()
+            .map(|value| format!("`{}`", value.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let help = arg
+            .get_long_help()
+            .or(arg.get_help())
+            .map(|help| one_line(help.to_string()).replace('|', "\\|"))
+            .unwrap_or_default();
+        *text += &format!("| {shown} | {default} | {help} |\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_reference_is_up_to_date() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/cli.md");
+        let made = super::cli_reference();
+        if std::env::var_os("WHARF_UPDATE_DOCS").is_some() {
+            std::fs::create_dir_all(std::path::Path::new(path).parent().expect("a folder"))
+                .expect("docs/reference");
+            std::fs::write(path, &made).expect("docs/reference/cli.md written");
+        }
+        let kept = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            kept == made,
+            "docs/reference/cli.md differs from the commands: rewrite it with WHARF_UPDATE_DOCS=1 cargo test -p wharf-host --bin wharf"
+        );
+    }
 }
