@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use wharf::events::{Event, Handled};
 use wharf_core::settlement::{Plan, Publish};
 
-use crate::client::{Client, TestMessage, body_bytes};
+use crate::client::{Client, TestMessage, Watcher, body_bytes};
 use crate::poison::take;
 use crate::process::WharfProcess;
 use crate::{
@@ -75,7 +75,13 @@ async fn through_in_order(
         }
     }
     client.publish_many(queue, messages).await?;
-    let mut watch = client.watch(out).await?;
+    let watch = client.watch(out).await?;
+    outputs_in_order(watch, keys, per_key).await
+}
+
+/// Reads `keys` × `per_key` outputs whose bodies are `KEY.SEQ` from
+/// `watch` and checks each key's came out in published order, each once.
+async fn outputs_in_order(mut watch: Watcher, keys: u32, per_key: u32) -> anyhow::Result<()> {
     let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for _ in 0..keys * per_key {
         let (_, message) = watch.next().await?;
@@ -725,17 +731,8 @@ async fn an_output_refused_in_a_transaction_runs_its_delivery_again_in_place_on_
         unique("ordered-txn-full"),
     );
     let mut client = Client::connect(&artemis_url()).await?;
-    // Full once it holds a message: an output there is given up on after
-    // publish_timeout, and its transaction rolled back.
-    client
-        .artemis_address_settings(
-            &full,
-            r#"{"maxSizeBytes":2,"pageSizeBytes":1,"addressFullMessagePolicy":"FAIL"}"#,
-        )
-        .await?;
-    client
-        .publish(&full, TestMessage::new("filler", "x"))
-        .await?;
+    // An output there is given up on, and its transaction rolled back.
+    crate::outbox::fill(&mut client, &full).await?;
     let (keys, per_key) = (4u32, 5u32);
     let mut messages = Vec::new();
     for seq in 0..per_key {
@@ -754,15 +751,10 @@ async fn an_output_refused_in_a_transaction_runs_its_delivery_again_in_place_on_
         .with("order_by = \"group-id\"\nconcurrency = 8")
         .with("[tenant.mount.grants]")
         .with(&format!("send = [\"{out}\", \"{full}\"]"));
-    let text = config_text(&artemis_url(), &[mount]).replacen(
-        "[broker]\n",
-        "[broker]\npublish_timeout = \"2s\"\n",
-        1,
-    );
-    let config = wharf_core::config::Config::parse(&text, std::path::Path::new("test.toml"))?;
+    let config = crate::outbox::giving_up_on_publishes_after_2s(&[mount])?;
     let mut host = TestHost::start_config(config).await?;
     assert!(crate::outbox::commits_in_transactions(&mut host));
-    let mut watch = client.watch(&out).await?;
+    let watch = client.watch(&out).await?;
     client.publish_many(&q, messages).await?;
     let refused = host.handled("k0.1").await?;
     assert!(
@@ -771,23 +763,7 @@ async fn an_output_refused_in_a_transaction_runs_its_delivery_again_in_place_on_
     );
     let again = host.handled("k0.1").await?;
     assert_eq!(again.attempt, 2, "{again:?}");
-    let mut seen: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for _ in 0..keys * per_key {
-        let (_, message) = watch.next().await?;
-        let body = String::from_utf8(body_bytes(&message))?;
-        let (key, seq) = body
-            .split_once('.')
-            .ok_or_else(|| anyhow::anyhow!("not KEY.SEQ: {body:?}"))?;
-        seen.entry(key.to_owned()).or_default().push(seq.parse()?);
-    }
-    watch.close().await;
-    let expected: Vec<u32> = (0..per_key).collect();
-    for (key, sequence) in &seen {
-        assert_eq!(
-            sequence, &expected,
-            "key {key} out of order or not once each"
-        );
-    }
+    outputs_in_order(watch, keys, per_key).await?;
     // Nothing more on `out`, and the refused output was rolled back.
     crate::outbox::artemis_count(&mut client, &out, 0).await?;
     crate::outbox::artemis_count(&mut client, &full, 1).await?;

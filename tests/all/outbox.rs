@@ -602,6 +602,32 @@ async fn outputs_waiting_on_the_broker_hold_the_tenants_running_slot() -> anyhow
     Ok(())
 }
 
+/// Makes the Artemis address `address` full once it holds one message,
+/// and puts one there: the broker then gives no credit for it, and a host
+/// gives up on an output there after its `publish_timeout`.
+pub(crate) async fn fill(client: &mut Client, address: &str) -> anyhow::Result<()> {
+    client
+        .artemis_address_settings(
+            address,
+            r#"{"maxSizeBytes":2,"pageSizeBytes":1,"addressFullMessagePolicy":"FAIL"}"#,
+        )
+        .await?;
+    client
+        .publish(address, TestMessage::new("filler", "x"))
+        .await
+}
+
+/// The config of `mounts` on Artemis whose host gives up on a publish
+/// after 2 s (`publish_timeout`).
+pub(crate) fn giving_up_on_publishes_after_2s(mounts: &[MountToml]) -> anyhow::Result<Config> {
+    let text = config_text(&artemis_url(), mounts).replacen(
+        "[broker]\n",
+        "[broker]\npublish_timeout = \"2s\"\n",
+        1,
+    );
+    Ok(Config::parse(&text, Path::new("test.toml"))?)
+}
+
 #[tokio::test]
 async fn an_output_blocked_in_a_shared_transaction_costs_the_other_deliveries_nothing()
 -> anyhow::Result<()> {
@@ -611,17 +637,7 @@ async fn an_output_blocked_in_a_shared_transaction_costs_the_other_deliveries_no
         unique("txn-full"),
     );
     let mut client = Client::connect(&artemis_url()).await?;
-    // Full once it holds a message: the broker then gives no credit for
-    // it, and the host gives up on an output there after publish_timeout.
-    client
-        .artemis_address_settings(
-            &full,
-            r#"{"maxSizeBytes":2,"pageSizeBytes":1,"addressFullMessagePolicy":"FAIL"}"#,
-        )
-        .await?;
-    client
-        .publish(&full, TestMessage::new("filler", "x"))
-        .await?;
+    fill(&mut client, &full).await?;
     // Waiting together, the deliveries share transactions.
     let good: Vec<String> = (0..20).map(|i| format!("{q}.{i}")).collect();
     client
@@ -637,12 +653,7 @@ async fn an_output_blocked_in_a_shared_transaction_costs_the_other_deliveries_no
         )
         .await?;
     let mounts = [mount(&q, &[&out, &full], &["concurrency = 32"])];
-    let text = config_text(&artemis_url(), &mounts).replacen(
-        "[broker]\n",
-        "[broker]\npublish_timeout = \"2s\"\n",
-        1,
-    );
-    let mut host = TestHost::start_config(Config::parse(&text, Path::new("test.toml"))?).await?;
+    let mut host = TestHost::start_config(giving_up_on_publishes_after_2s(&mounts)?).await?;
     assert!(commits_in_transactions(&mut host));
     for id in &good {
         let handled = host.handled(id).await?;

@@ -162,6 +162,26 @@ async fn a_held_copy_is_published_when_the_host_stops() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stops `host` once it has handled 20 deliveries: how many it had
+/// handled as the stop began, and every one it handled.
+async fn stopped_after_twenty(
+    mut host: crate::TestHost,
+) -> anyhow::Result<(usize, std::collections::BTreeSet<String>)> {
+    let mut handled = std::collections::BTreeSet::new();
+    while handled.len() < 20 {
+        let id = host
+            .next(|e| match e {
+                wharf::events::Event::Handled(h) => h.message_id.clone(),
+                _ => None,
+            })
+            .await?;
+        handled.insert(id);
+    }
+    let before_stop = handled.len();
+    host.stop_collecting(&mut handled).await?;
+    Ok((before_stop, handled))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_at_most_once_mount_handles_what_the_broker_already_sent_before_it_stops()
 -> anyhow::Result<()> {
@@ -174,19 +194,9 @@ async fn an_at_most_once_mount_handles_what_the_broker_already_sent_before_it_st
     let mount = MountToml::new("m", "fixture_script", &q)
         .with("settle = \"at-most-once\"\nconcurrency = 1\ncredit = 64")
         .with("[tenant.mount.grants]\nclocks = true");
-    let mut host = crate::TestHost::start(&url, &[mount]).await?;
-    let mut handled = std::collections::BTreeSet::new();
-    while handled.len() < 20 {
-        let id = host
-            .next(|e| match e {
-                wharf::events::Event::Handled(h) => h.message_id.clone(),
-                _ => None,
-            })
-            .await?;
-        handled.insert(id);
-    }
+    let host = crate::TestHost::start(&url, &[mount]).await?;
     // Stopped with up to `credit` deliveries sent ahead, already settled.
-    host.stop_collecting(&mut handled).await?;
+    let (_, handled) = stopped_after_twenty(host).await?;
     let left = client.artemis_count(&q).await?;
     let lost = SENT as u64 - left - handled.len() as u64;
     println!(
@@ -215,19 +225,8 @@ async fn an_at_most_once_mount_takes_nothing_new_once_its_stop_begins() -> anyho
     let text = crate::config_text(&url, &[mount])
         .replace("shutdown_grace = \"20s\"", "shutdown_grace = \"3s\"");
     let config = wharf_core::config::Config::parse(&text, std::path::Path::new("test.toml"))?;
-    let mut host = crate::TestHost::start_config(config).await?;
-    let mut handled = std::collections::BTreeSet::new();
-    while handled.len() < 20 {
-        let id = host
-            .next(|e| match e {
-                wharf::events::Event::Handled(h) => h.message_id.clone(),
-                _ => None,
-            })
-            .await?;
-        handled.insert(id);
-    }
-    let before_stop = handled.len();
-    host.stop_collecting(&mut handled).await?;
+    let host = crate::TestHost::start_config(config).await?;
+    let (before_stop, handled) = stopped_after_twenty(host).await?;
     let after_stop = handled.len() - before_stop;
     let left = client.artemis_count(&q).await?;
     let lost = SENT as u64 - left - handled.len() as u64;
