@@ -57,6 +57,19 @@ pub enum Event {
         /// Why.
         error: String,
     },
+    /// The mount's link credit was withdrawn (`paused`) or given back, as
+    /// its pause switch asked.
+    MountPaused {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// Paused now, or running again.
+        paused: bool,
+        /// On resume: deliveries the broker sent during the pause, released
+        /// back to it unhandled.
+        released: u64,
+    },
     /// A delivery was settled without running the handler: it is not a
     /// readable message, or it is larger than the mount takes.
     Refused {

@@ -99,6 +99,24 @@ impl FieldArgs {
     }
 }
 
+/// The mounts `wharf pause` and `wharf resume` act on, and the host.
+#[derive(clap::Args)]
+struct Switching {
+    /// The running host's admin listener, e.g. http://127.0.0.1:9090.
+    #[arg(long)]
+    admin: String,
+    /// The tenant.
+    #[arg(long)]
+    tenant: String,
+    /// One mount of the tenant; every mount of it when left out.
+    #[arg(long)]
+    mount: Option<String>,
+    /// The admin listener's token (`[admin] token`); set `WHARF_ADMIN_TOKEN`
+    /// instead to keep it out of the process list.
+    #[arg(long, env = "WHARF_ADMIN_TOKEN", hide_env_values = true)]
+    token: String,
+}
+
 /// The broker `wharf send` and `wharf request` talk to.
 #[derive(clap::Args)]
 struct BrokerChoice {
@@ -168,6 +186,12 @@ enum Command {
         #[arg(long)]
         mount: String,
     },
+    /// Pause a running wharf's mount, or every mount of a tenant: its
+    /// link's credit is withdrawn, handlers running finish, and deliveries
+    /// already on their way go back to the broker unhandled.
+    Pause(Switching),
+    /// Resume a paused mount, or every mount of a tenant.
+    Resume(Switching),
     /// Send one request with a `reply-to` and print the reply (to try a
     /// handler that replies).
     Request {
@@ -462,6 +486,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             tenant,
             mount,
         } => unsubscribe(&Config::load(&config)?, &tenant, &mount).await,
+        Command::Pause(switching) => switch(switching, true).await,
+        Command::Resume(switching) => switch(switching, false).await,
         Command::Send {
             broker,
             address,
@@ -593,6 +619,59 @@ async fn run(command: Command) -> anyhow::Result<()> {
 /// How `wharf send` or `wharf request` (`command`) reaches the broker of
 /// [`send_broker`], to be completed with what to send.
 /// `wharf unsubscribe`: ends the durable subscription of one topic mount.
+/// Pauses or resumes mounts through a running host's admin listener.
+async fn switch(target: Switching, paused: bool) -> anyhow::Result<()> {
+    let Switching {
+        admin,
+        tenant,
+        mount,
+        token,
+    } = target;
+    // Names as the config allows them: nothing else can be in a path.
+    for name in std::iter::once(&tenant).chain(&mount) {
+        anyhow::ensure!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+            "`{name}` is not a tenant or mount name: those use only letters, digits, `-`, `_` and `.`"
+        );
+    }
+    let action = if paused { "pause" } else { "resume" };
+    let path = match &mount {
+        Some(mount) => format!("/tenants/{tenant}/mounts/{mount}/{action}"),
+        None => format!("/tenants/{tenant}/{action}"),
+    };
+    let (status, body) = wharf::admin::client::request(
+        &admin,
+        "POST",
+        &path,
+        Some(&token),
+        std::time::Duration::from_secs(10),
+    )
+    .await?;
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    if status != 200 {
+        let why = answer["error"].as_str().unwrap_or(body.trim());
+        anyhow::bail!("{admin} answered {status}: {why}");
+    }
+    let mounts: Vec<&str> = answer["mounts"]
+        .as_array()
+        .map(|mounts| {
+            mounts
+                .iter()
+                .filter_map(serde_json::Value::as_str)
+                .collect()
+        })
+        .unwrap_or_default();
+    println!(
+        "{} in tenant `{tenant}`: {}",
+        if paused { "paused" } else { "resumed" },
+        mounts.join(", ")
+    );
+    Ok(())
+}
+
 async fn unsubscribe(config: &Config, tenant: &str, mount: &str) -> anyhow::Result<()> {
     let (owner, found) = config
         .mounts()

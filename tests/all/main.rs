@@ -15,6 +15,7 @@ mod kubernetes;
 mod languages;
 mod limits;
 mod oci;
+mod operating;
 mod ordering;
 mod outbox;
 mod poison;

@@ -241,6 +241,34 @@ impl Client {
         Ok(Watcher { receiver })
     }
 
+    /// The first `n` messages waiting on `address`, each released back to
+    /// the broker once read (a release counts no delivery attempt).
+    pub async fn peek(&mut self, address: &str, n: u32) -> anyhow::Result<Vec<AmqpMessage>> {
+        let mut receiver = Receiver::builder()
+            .name(unique("test-peek"))
+            .source(address)
+            .credit_mode(fe2o3_amqp::link::receiver::CreditMode::Auto(n))
+            .decode_messages(false)
+            .attach(&mut self.session)
+            .await?;
+        let mut read = Vec::new();
+        while read.len() < n as usize {
+            let received = tokio::time::timeout(DEADLINE, receiver.recv::<Body<Value>>())
+                .await
+                .context("no message arrived in time")?;
+            match received {
+                Err(RecvError::MessageDecode(undecoded)) => {
+                    read.push(AmqpMessage::decode(&undecoded.payload)?);
+                    receiver.release(undecoded.info).await?;
+                }
+                Ok(_) => bail!("a peeking receiver decoded a message"),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let _ = receiver.close().await;
+        Ok(read)
+    }
+
     /// A receiver on `address` that hands over each message's payload as
     /// it arrived, decoding nothing (for messages no decoder should touch).
     pub async fn watch_raw(&mut self, address: &str) -> anyhow::Result<RawWatcher> {

@@ -78,8 +78,10 @@ impl WharfProcess {
         };
         let mut early = Vec::new();
         loop {
+            // Compiling a module (tens of MB for Python or JavaScript) is
+            // one line and can take minutes on a loaded 2-core machine.
             let line = process
-                .next_line(tokio::time::Instant::now() + DEADLINE)
+                .next_line(tokio::time::Instant::now() + 3 * DEADLINE)
                 .await?;
             let line = line.context("wharf exited before it said it runs")?;
             if line.contains("running") {

@@ -756,6 +756,7 @@ impl Checker<'_> {
             max_keys: raw
                 .max_keys
                 .map_or(Mount::DEFAULT_MAX_KEYS, Spanned::into_inner),
+            paused: raw.paused,
         })
     }
 

@@ -645,6 +645,10 @@ pub struct Mount {
     /// On an ordered mount, the most keys with a delivery running or
     /// waiting; the link's credit is withheld while there are as many.
     pub max_keys: u32,
+    /// Starts paused: attached without credit until resumed through the
+    /// admin listener. A reload applies it only when it changes, so an
+    /// operator's pause or resume holds across reloads otherwise.
+    pub paused: bool,
 }
 
 /// How a mount's `retry` asks for another attempt, when the config says.

@@ -175,6 +175,8 @@ pub(super) struct RawMount {
     pub(super) retry_after_original: Option<Spanned<RetryAfterOriginal>>,
     pub(super) order_by: Option<Spanned<OrderBy>>,
     pub(super) max_keys: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) paused: bool,
     pub(super) max_outputs: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     pub(super) max_output_bytes: Option<Spanned<u64>>,

@@ -6,6 +6,12 @@
 //! such as one tenant's mistyped address, is listed with its last error but
 //! keeps neither this pod nor any other tenant from serving).
 //!
+//! `GET /tenants` lists every mount and whether it is paused;
+//! `POST /tenants/{t}/pause` and `/resume` pause or resume every mount of
+//! tenant `t`, `POST /tenants/{t}/mounts/{m}/pause` and `/resume` one
+//! mount. Those change what the host does, so they need a token to be
+//! configured at all.
+//!
 //! With a token, every request but `/healthz` must carry it
 //! (`Authorization: Bearer ...`); `/readyz` without it answers with the
 //! verdict alone, for probes that cannot carry a secret. Connections are capped and each has a
@@ -29,6 +35,7 @@ use super::Metrics;
 use crate::broker::{BrokerPool, PoolStatus};
 use crate::events::LinkState as State;
 use crate::sync::Locked;
+use crate::tenants::Pauses;
 use wharf_core::config::Secret;
 
 /// The longest request head read; admin requests are one short line.
@@ -130,9 +137,9 @@ impl Health {
                 .is_some_and(|pools| pools.iter().all(|(_, pool)| pool.status().connections > 0))
     }
 
-    /// [`Health::ready`], with each broker's connections and the mounts
-    /// not attached, as JSON.
-    fn readiness(&self) -> (bool, String) {
+    /// [`Health::ready`], with each broker's connections, the mounts not
+    /// attached and the mounts `paused`, as JSON.
+    fn readiness(&self, paused: &[(String, String)]) -> (bool, String) {
         let statuses: Option<Vec<(String, PoolStatus)>> =
             self.brokers.locked().as_ref().map(|pools| {
                 pools
@@ -170,10 +177,15 @@ impl Health {
             })
             .collect();
         let ready = self.serving() && connected;
+        let paused: Vec<serde_json::Value> = paused
+            .iter()
+            .map(|(tenant, mount)| serde_json::json!({ "tenant": tenant, "mount": mount }))
+            .collect();
         let body = serde_json::json!({
             "ready": ready,
             "brokers": brokers,
             "mounts_not_attached": not_attached,
+            "mounts_paused": paused,
         });
         (ready, format!("{body}\n"))
     }
@@ -193,6 +205,7 @@ impl AdminServer {
         token: Option<Secret>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
+        pauses: Arc<Pauses>,
     ) -> std::io::Result<AdminServer> {
         let listener = TcpListener::bind(address).await?;
         let address = listener.local_addr()?;
@@ -202,6 +215,7 @@ impl AdminServer {
             token,
             metrics,
             health,
+            pauses,
         });
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let reading = Arc::new(Reading::default());
@@ -303,6 +317,7 @@ struct Admin {
     token: Option<Secret>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    pauses: Arc<Pauses>,
 }
 
 impl Admin {
@@ -336,6 +351,9 @@ impl Admin {
     }
 
     fn respond(&self, request: &Request) -> (&'static str, &'static str, String) {
+        if request.method == Method::Post {
+            return self.control(request);
+        }
         if request.path == "/healthz" {
             return if !self.health.stopping() {
                 ("200 OK", "text/plain", "ok\n".to_owned())
@@ -366,11 +384,7 @@ impl Admin {
             };
         }
         if !authorized {
-            return (
-                "401 Unauthorized",
-                "text/plain",
-                "unauthorized\n".to_owned(),
-            );
+            return unauthorized();
         }
         match request.path.as_str() {
             "/metrics" => (
@@ -378,13 +392,101 @@ impl Admin {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 self.metrics.encode(),
             ),
-            "/readyz" => match self.health.readiness() {
-                (true, body) => ("200 OK", "application/json", body),
-                (false, body) => ("503 Service Unavailable", "application/json", body),
-            },
+            "/readyz" => {
+                let paused: Vec<(String, String)> = self
+                    .pauses
+                    .all()
+                    .into_iter()
+                    .filter(|(_, _, paused)| *paused)
+                    .map(|(tenant, mount, _)| (tenant, mount))
+                    .collect();
+                match self.health.readiness(&paused) {
+                    (true, body) => ("200 OK", "application/json", body),
+                    (false, body) => ("503 Service Unavailable", "application/json", body),
+                }
+            }
+            "/tenants" => {
+                let mounts: Vec<serde_json::Value> = self
+                    .pauses
+                    .all()
+                    .into_iter()
+                    .map(|(tenant, mount, paused)| {
+                        serde_json::json!({ "tenant": tenant, "mount": mount, "paused": paused })
+                    })
+                    .collect();
+                json("200 OK", &serde_json::json!({ "mounts": mounts }))
+            }
             _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
         }
     }
+
+    /// A `POST`: pauses or resumes a tenant's mounts. It changes what the
+    /// host does, so it needs a configured token, and carrying it.
+    fn control(&self, request: &Request) -> (&'static str, &'static str, String) {
+        let Some(token) = &self.token else {
+            return json(
+                "403 Forbidden",
+                &serde_json::json!({
+                    "error": "pausing and resuming need `token` in [admin]"
+                }),
+            );
+        };
+        let carried = request.bearer.as_deref();
+        if !carried.is_some_and(|given| same_secret(given, token.expose())) {
+            return unauthorized();
+        }
+        let segments: Vec<&str> = request.path.split('/').skip(1).collect();
+        let (tenant, mount, action) = match segments.as_slice() {
+            ["tenants", tenant, action] => (*tenant, None, *action),
+            ["tenants", tenant, "mounts", mount, action] => (*tenant, Some(*mount), *action),
+            _ => {
+                return json(
+                    "404 Not Found",
+                    &serde_json::json!({ "error": "not found" }),
+                );
+            }
+        };
+        let paused = match action {
+            "pause" => true,
+            "resume" => false,
+            _ => {
+                return json(
+                    "404 Not Found",
+                    &serde_json::json!({ "error": "not found" }),
+                );
+            }
+        };
+        match self.pauses.set(tenant, mount, paused) {
+            Ok(mounts) => {
+                tracing::info!(
+                    tenant,
+                    mounts = mounts.join(", "),
+                    "{} through the admin listener",
+                    if paused { "pause" } else { "resume" }
+                );
+                json(
+                    "200 OK",
+                    &serde_json::json!({ "tenant": tenant, "mounts": mounts, "paused": paused }),
+                )
+            }
+            Err(e) => json(
+                "404 Not Found",
+                &serde_json::json!({ "error": e.to_string() }),
+            ),
+        }
+    }
+}
+
+fn unauthorized() -> (&'static str, &'static str, String) {
+    (
+        "401 Unauthorized",
+        "text/plain",
+        "unauthorized\n".to_owned(),
+    )
+}
+
+fn json(status: &'static str, body: &serde_json::Value) -> (&'static str, &'static str, String) {
+    (status, "application/json", format!("{body}\n"))
 }
 
 /// Compares in time that does not depend on where the two differ.
@@ -399,12 +501,20 @@ fn same_secret(given: &str, expected: &str) -> bool {
 
 /// What the listener reads of a request.
 struct Request {
+    method: Method,
     path: String,
     bearer: Option<String>,
 }
 
-/// The path and bearer token of a `GET` request, once its head has
-/// arrived.
+/// The methods the listener answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Get,
+    Post,
+}
+
+/// The method, path and bearer token of a `GET` or `POST` request, once
+/// its head has arrived (a body is not read: none is needed).
 async fn read_request(stream: &mut TcpStream) -> Option<Request> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
@@ -417,10 +527,13 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
     }
     let mut lines = std::str::from_utf8(&head).ok()?.lines();
     let mut parts = lines.next()?.split(' ');
-    let path = match (parts.next(), parts.next()) {
-        (Some("GET"), Some(path)) => path.split('?').next().unwrap_or(path).to_owned(),
+    let method = match parts.next()? {
+        "GET" => Method::Get,
+        "POST" => Method::Post,
         _ => return None,
     };
+    let path = parts.next()?;
+    let path = path.split('?').next().unwrap_or(path).to_owned();
     let bearer = lines.find_map(|line| {
         let (name, value) = line.split_once(':')?;
         let value = value.trim();
@@ -429,5 +542,9 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
             && scheme.eq_ignore_ascii_case("bearer "))
         .then(|| value[7..].trim().to_owned())
     });
-    Some(Request { path, bearer })
+    Some(Request {
+        method,
+        path,
+        bearer,
+    })
 }

@@ -75,6 +75,8 @@ pub struct Metrics {
     output_dropped: Family<MountLabels, Counter>,
     mounts_running: Gauge,
     links_up: Family<MountLabels, Gauge>,
+    paused: Family<MountLabels, Gauge>,
+    released_on_pause: Family<MountLabels, Counter>,
     link_failures: Family<MountLabels, Counter>,
     abandoned: Family<MountLabels, Counter>,
     refused: Family<MountLabels, Counter>,
@@ -207,6 +209,16 @@ impl Metrics {
             "link_up",
             "1 while the mount's links are attached, 0 while it attaches or backs off",
         );
+        let paused = registered(
+            &mut registry,
+            "mount_paused",
+            "1 while the mount is paused (its link has no credit), 0 while it runs",
+        );
+        let released_on_pause = registered(
+            &mut registry,
+            "deliveries_released_on_pause",
+            "Deliveries the broker sent as the mount paused, released back to it unhandled (no attempt counted)",
+        );
         let link_failures = registered(
             &mut registry,
             "link_failures",
@@ -262,6 +274,8 @@ impl Metrics {
             spans,
             mounts_running,
             links_up,
+            paused,
+            released_on_pause,
             link_failures,
             abandoned,
             refused,
@@ -459,6 +473,22 @@ impl MountMetrics {
             .links_up
             .get_or_create(&self.labels)
             .set(i64::from(up));
+    }
+
+    /// The mount paused (its link's credit withdrawn) or runs again.
+    pub fn paused(&self, paused: bool) {
+        self.metrics
+            .paused
+            .get_or_create(&self.labels)
+            .set(i64::from(paused));
+    }
+
+    /// A delivery that arrived while the mount was paused was released.
+    pub fn released_on_pause(&self) {
+        self.metrics
+            .released_on_pause
+            .get_or_create(&self.labels)
+            .inc();
     }
 
     /// The mount's links went down.

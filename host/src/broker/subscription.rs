@@ -86,6 +86,8 @@ pub struct ReceiverOptions<'a> {
     pub settle: Settle,
     /// Link credit.
     pub credit: u32,
+    /// Attach without credit: the mount is paused.
+    pub paused: bool,
     /// Deliveries larger than this are rejected unread.
     pub max_message_size: u64,
 }
@@ -97,9 +99,14 @@ pub struct Subscription {
     /// A durable subscription outlives the link unless it is ended.
     durable: bool,
     modified_supported: bool,
-    /// At most once, the credit to renew: fe2o3 renews it as deliveries
-    /// are settled, and settled deliveries never are.
-    presettled_credit: Option<u32>,
+    /// The credit the link is given while it runs.
+    credit: u32,
+    /// Deliveries arrive settled (at most once).
+    presettled: bool,
+    /// At most once, the host renews the credit itself: fe2o3 renews it as
+    /// deliveries are settled, and settled deliveries never are. Off while
+    /// paused and once stopping.
+    renews_presettled: bool,
     /// Deliveries received since the credit was last renewed.
     since_renewed: u32,
 }
@@ -138,7 +145,11 @@ impl Subscription {
             .source(source.build())
             .max_message_size(options.max_message_size)
             .decode_messages(false)
-            .credit_mode(CreditMode::Auto(options.credit));
+            .credit_mode(CreditMode::Auto(if options.paused {
+                0
+            } else {
+                options.credit
+            }));
         if options.settle == Settle::AtMostOnce {
             builder = builder.sender_settle_mode(SenderSettleMode::Settled);
         }
@@ -162,7 +173,9 @@ impl Subscription {
             address: options.address.to_owned(),
             durable,
             modified_supported,
-            presettled_credit: (options.settle == Settle::AtMostOnce).then_some(options.credit),
+            credit: options.credit,
+            presettled: options.settle == Settle::AtMostOnce,
+            renews_presettled: options.settle == Settle::AtMostOnce && !options.paused,
             since_renewed: 0,
         })
     }
@@ -240,20 +253,25 @@ impl Subscription {
     /// and then the link goes quiet. Taken at a stop, so that a backlog
     /// cannot keep it receiving.
     pub fn stop_renewing_credit(&mut self) {
-        self.presettled_credit = None;
+        self.renews_presettled = false;
     }
 
-    /// At most once, renews the link's credit once half of it is used, as
-    /// fe2o3 does for unsettled deliveries when they are settled.
-    async fn renew_presettled_credit(&mut self) -> Result<(), BrokerError> {
-        let Some(credit) = self.presettled_credit else {
-            return Ok(());
-        };
-        self.since_renewed += 1;
-        if self.since_renewed < credit.div_ceil(2) {
-            return Ok(());
-        }
+    /// Withdraws the link's credit (a pause): the broker sends nothing
+    /// more, and settling deliveries no longer renews it. What the broker
+    /// sent before it saw the withdrawal still arrives.
+    pub async fn withdraw_credit(&mut self) -> Result<(), BrokerError> {
+        self.renews_presettled = false;
+        self.set_credit(0).await
+    }
+
+    /// Gives the link its credit again (a resume).
+    pub async fn restore_credit(&mut self) -> Result<(), BrokerError> {
+        self.renews_presettled = self.presettled;
         self.since_renewed = 0;
+        self.set_credit(self.credit).await
+    }
+
+    async fn set_credit(&mut self, credit: u32) -> Result<(), BrokerError> {
         self.receiver
             .set_credit(credit)
             .await
@@ -261,6 +279,20 @@ impl Subscription {
                 address: self.address.clone(),
                 source: RecvError::LinkStateError(e.into()),
             })
+    }
+
+    /// At most once, renews the link's credit once half of it is used, as
+    /// fe2o3 does for unsettled deliveries when they are settled.
+    async fn renew_presettled_credit(&mut self) -> Result<(), BrokerError> {
+        if !self.renews_presettled {
+            return Ok(());
+        }
+        self.since_renewed += 1;
+        if self.since_renewed < self.credit.div_ceil(2) {
+            return Ok(());
+        }
+        self.since_renewed = 0;
+        self.set_credit(self.credit).await
     }
 
     /// Sends one disposition for unsettled deliveries: a run of
@@ -346,6 +378,7 @@ pub async fn end_subscription(
         subscription: Some(kind),
         settle: Settle::AtLeastOnce,
         credit: 1,
+        paused: false,
         max_message_size: 0,
     };
     let attached = tokio::time::timeout(timeout, Subscription::attach(&mut session, options))
@@ -430,6 +463,7 @@ pub async fn probe(
             subscription: None,
             settle: Settle::AtLeastOnce,
             credit: 0,
+            paused: false,
             max_message_size: 0,
         };
         match tokio::time::timeout(timeout, Subscription::attach(&mut begun, options)).await {

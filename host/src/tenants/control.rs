@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget::{Buffered, TenantLimits};
 use super::mount::{self, AttachedMount, ModuleSlot, MountSpec, instances_for};
+use super::pause::Pauses;
 use super::reload::{self, MountKey, Placement};
 use super::watch::{FileWatcher, canonical};
 use super::{load_modules, warn_if_pool_short};
@@ -82,6 +83,7 @@ pub(super) struct Control {
     metrics: Arc<Metrics>,
     telemetry: Telemetry,
     health: Arc<Health>,
+    pauses: Arc<Pauses>,
     /// Cancelled by a shutdown request, so waits on a broker end at once.
     stopping: CancellationToken,
 }
@@ -122,6 +124,7 @@ impl Control {
         metrics: Arc<Metrics>,
         telemetry: Telemetry,
         health: Arc<Health>,
+        pauses: Arc<Pauses>,
         stopping: CancellationToken,
     ) -> Control {
         let (pulled, modules_pulled) = watch::channel(registry::pulled_modules(&config));
@@ -147,6 +150,7 @@ impl Control {
             metrics,
             telemetry,
             health,
+            pauses,
             stopping,
         };
         for ((tenant, mount), module) in config.mounts().zip(modules) {
@@ -259,6 +263,7 @@ impl Control {
             generation,
             self.buffered.clone(),
             self.config.retry_key.clone(),
+            self.pauses.watch(&tenant.name, &mount.name),
         ))
     }
 
@@ -471,6 +476,8 @@ impl Control {
             .map(|(key, m)| (key.clone(), (m.spec.config.clone(), m.placement.clone())))
             .collect();
         let plan = reload::plan(&running, &reload::wanted(&config));
+        // Before the mounts attach: a new one starts as `paused` says.
+        self.pauses.configure(&config);
         let modules: HashMap<MountKey, (Tenant, Mount, Module)> = config
             .mounts()
             .zip(modules)

@@ -9,6 +9,7 @@
 mod budget;
 mod control;
 mod mount;
+mod pause;
 mod reload;
 pub mod supervisor;
 mod watch;
@@ -27,6 +28,7 @@ use crate::sandbox::{
 use crate::telemetry::{Exporter, Settings, Telemetry};
 use control::{Command, Control};
 pub(crate) use mount::KeysNow;
+pub use pause::{NoSuchMount, Pauses};
 use wharf_core::config::{Config, Mount, Tenant};
 
 /// How long a stopping host waits for its last spans to be exported.
@@ -96,6 +98,7 @@ pub struct Host {
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    pauses: Arc<Pauses>,
     admin: Option<AdminServer>,
 }
 
@@ -108,14 +111,22 @@ impl Host {
         // compile (not ready until the mounts start).
         let metrics = Metrics::new();
         let health = Arc::new(Health::default());
+        let pauses = Arc::new(Pauses::default());
+        pauses.configure(&config);
         let admin = match config.admin.clone() {
             Some(admin) => Some(
-                AdminServer::start(admin.listen, admin.token, metrics.clone(), health.clone())
-                    .await
-                    .map_err(|e| HostError::Admin {
-                        address: admin.listen,
-                        reason: e.to_string(),
-                    })?,
+                AdminServer::start(
+                    admin.listen,
+                    admin.token,
+                    metrics.clone(),
+                    health.clone(),
+                    pauses.clone(),
+                )
+                .await
+                .map_err(|e| HostError::Admin {
+                    address: admin.listen,
+                    reason: e.to_string(),
+                })?,
             ),
             None => None,
         };
@@ -145,6 +156,7 @@ impl Host {
             events,
             metrics,
             health,
+            pauses,
             admin,
         })
     }
@@ -187,6 +199,7 @@ impl Host {
             self.metrics,
             telemetry,
             health,
+            self.pauses.clone(),
             stopping.clone(),
         );
         let (commands, inbox) = mpsc::unbounded_channel();
@@ -198,6 +211,7 @@ impl Host {
             events,
             admin,
             metrics,
+            pauses: self.pauses,
             exporter,
         })
     }
@@ -351,6 +365,7 @@ fn load_modules(
     let mut modules = Vec::new();
     let mut errors = Vec::new();
     for (tenant, mount) in config.mounts() {
+        let started = std::time::Instant::now();
         let loaded = sandbox.load(&mount.module).and_then(|module| {
             // An instance that can never fit its memory limit would fail
             // every delivery.
@@ -368,7 +383,20 @@ fn load_modules(
             }
         });
         match loaded {
-            Ok(module) => modules.push(module),
+            Ok(module) => {
+                // A large module can take a minute to compile: one line
+                // each shows a slow start is progressing, and which
+                // module it waits on.
+                tracing::debug!(
+                    tenant = %tenant.name,
+                    mount = %mount.name,
+                    module = %mount.module.display(),
+                    from_cache = module.from_disk_cache(),
+                    elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "module loaded"
+                );
+                modules.push(module);
+            }
             Err(source) => errors.push(MountError {
                 tenant: tenant.name.clone(),
                 mount: mount.name.clone(),
@@ -391,6 +419,7 @@ pub struct RunningHost {
     events: broadcast::Sender<Event>,
     admin: Option<AdminServer>,
     metrics: Arc<Metrics>,
+    pauses: Arc<Pauses>,
     exporter: Option<Exporter>,
 }
 
@@ -409,6 +438,11 @@ impl RunningHost {
     /// The metrics, in the Prometheus text format `/metrics` serves.
     pub fn metrics_text(&self) -> String {
         self.metrics.encode()
+    }
+
+    /// The mounts' pause switches: what `POST /tenants/{t}/…/pause` sets.
+    pub fn pauses(&self) -> &Pauses {
+        &self.pauses
     }
 
     /// Where the admin listener listens, if the config asks for one.

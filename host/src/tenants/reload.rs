@@ -58,7 +58,7 @@ pub(crate) fn diff(
     for (key, old) in running {
         let change = match wanted.get(key) {
             None => Change::Remove,
-            Some(new) if new != old => Change::Replace,
+            Some(new) if differs(new, old) => Change::Replace,
             Some(_) => Change::Keep,
         };
         changes.insert(key.clone(), change);
@@ -67,6 +67,14 @@ pub(crate) fn diff(
         changes.entry(key.clone()).or_insert(Change::Add);
     }
     changes
+}
+
+/// Whether a mount changed in a way its links must be attached again for:
+/// `paused` does not count, the mount's switch carries it over.
+fn differs(new: &(Mount, Placement), old: &(Mount, Placement)) -> bool {
+    let mut new = new.clone();
+    new.0.paused = old.0.paused;
+    new != *old
 }
 
 /// One step of a reload.
@@ -252,6 +260,15 @@ mod tests {
         let text = mounts(&[("a", "", &[("m", "q")])]);
         let changes = diff(&wanted(&config(&text)), &wanted(&config(&text)));
         assert!(changes.values().all(|c| *c == Change::Keep));
+    }
+
+    #[test]
+    fn pausing_in_the_config_keeps_the_mount_attached() {
+        let text = mounts(&[("a", "", &[("m", "q")])]);
+        let paused = text.replace("address = \"q\"", "address = \"q\"\npaused = true");
+        assert!(config(&paused).mounts().all(|(_, m)| m.paused));
+        let changes = diff(&wanted(&config(&text)), &wanted(&config(&paused)));
+        assert_eq!(changes.get(&key("a", "m")), Some(&Change::Keep));
     }
 
     #[test]

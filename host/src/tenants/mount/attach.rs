@@ -253,6 +253,9 @@ async fn attach_receiver(
         subscription: topic.map(|topic| topic.kind),
         settle: mount.settle,
         credit: spec.credit(),
+        // Paused, the link attaches without credit: nothing arrives to be
+        // released.
+        paused: *spec.paused.borrow(),
         max_message_size: mount.max_message_size,
     };
     tokio::time::timeout(

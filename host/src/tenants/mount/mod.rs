@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -119,6 +119,8 @@ pub(crate) struct MountSpec {
     pub(crate) host_buffered: Buffered,
     /// The key copies' retry counts are sealed with, if any.
     pub(crate) retry_key: Option<RetryKey>,
+    /// On while an operator (or the config) has the mount paused.
+    pub(crate) paused: watch::Receiver<bool>,
     /// The queue behind the address, once asked: `Some(None)` when the
     /// broker has no such queue.
     queue: Mutex<Option<Option<QueueInfo>>>,
@@ -191,6 +193,7 @@ impl MountSpec {
         generation: u64,
         host_buffered: Buffered,
         retry_key: Option<RetryKey>,
+        paused: watch::Receiver<bool>,
     ) -> MountSpec {
         MountSpec {
             publish_backoff: Mutex::new(Backoff::new(BackoffPolicy {
@@ -210,6 +213,7 @@ impl MountSpec {
             generation,
             host_buffered,
             retry_key,
+            paused,
             queue: Mutex::new(None),
             count_by_copy: AtomicBool::new(false),
             ends_subscription: AtomicBool::new(false),

@@ -134,6 +134,14 @@ async fn receive(
     // Made once: a cancellation future registers itself when polled.
     let stopped = stop.cancelled();
     tokio::pin!(stopped, sender_failed);
+    let mut pause = Pause::new(handling.context);
+    if let Err(e) = pause.follow(subscription, handling.context).await {
+        return Some(e);
+    }
+    // Unsettled deliveries that arrive while paused go straight back; at
+    // most once, what arrives came settled and waits in the link's buffer
+    // for the resume (or the stop, which handles it).
+    let releases = handling.context.spec.config.settle != Settle::AtMostOnce;
     loop {
         // The common case needs no wait: the slots are free.
         if slots_ahead && intake.handler_slot.is_none() {
@@ -143,7 +151,8 @@ async fn receive(
             intake.unsettled_slot = unsettled.clone().try_acquire_owned().ok();
         }
         let keys_full = turns.is_some_and(Turns::full);
-        let ready = (intake.handler_slot.is_some() || !slots_ahead)
+        let ready = !pause.paused
+            && (intake.handler_slot.is_some() || !slots_ahead)
             && !keys_full
             && intake.unsettled_slot.is_some()
             && intake.admitting.is_none();
@@ -159,6 +168,12 @@ async fn receive(
                     handling.context.spec.metrics.keys(&turns.now());
                 }
             }
+            changed = pause.switch.changed(), if pause.watching => {
+                pause.watching = changed.is_ok();
+                if let Err(e) = pause.follow(subscription, handling.context).await {
+                    return Some(e);
+                }
+            }
             () = async { turns.expect("guarded").freed().await }, if keys_full => {}
             permit = handlers.clone().acquire_owned(), if slots_ahead && intake.handler_slot.is_none() => {
                 intake.handler_slot = permit.ok();
@@ -170,7 +185,12 @@ async fn receive(
                 intake.admitting = None;
                 handling.start(tasks, inbound, intake.handler_slot.take(), room);
             }
-            received = subscription.recv(), if ready => match received {
+            received = subscription.recv(), if ready || (pause.paused && releases) => match received {
+                Ok(received) if pause.paused => {
+                    if let Err(e) = pause.release(subscription, received, handling, tasks).await {
+                        return Some(e);
+                    }
+                }
                 Ok(Received::Delivery(inbound)) => {
                     let unsettled = intake.unsettled_slot.take().expect("guarded");
                     intake.admitting = Some(admit(&handling.context.spec, inbound, unsettled));
@@ -181,6 +201,81 @@ async fn receive(
                 Err(e) => return Some(e),
             },
         }
+    }
+}
+
+/// Where the mount's pause switch stands, as the receive loop follows it.
+struct Pause {
+    switch: tokio::sync::watch::Receiver<bool>,
+    /// False once the switch is gone (the mount left the config and is
+    /// stopping).
+    watching: bool,
+    /// The link's credit is withdrawn.
+    paused: bool,
+    /// Deliveries released since the pause began.
+    released: u64,
+}
+
+impl Pause {
+    /// Starts as the link was attached: with its credit, or without it if
+    /// the switch was on then.
+    fn new(context: &MountContext) -> Pause {
+        let switch = context.spec.paused.clone();
+        let paused = *switch.borrow();
+        Pause {
+            switch,
+            watching: true,
+            paused,
+            released: 0,
+        }
+    }
+
+    /// Withdraws or restores the link's credit if the switch moved.
+    async fn follow(
+        &mut self,
+        subscription: &mut Subscription,
+        context: &MountContext,
+    ) -> Result<(), BrokerError> {
+        let wanted = *self.switch.borrow_and_update();
+        if wanted == self.paused {
+            return Ok(());
+        }
+        if wanted {
+            subscription.withdraw_credit().await?;
+        } else {
+            subscription.restore_credit().await?;
+        }
+        self.paused = wanted;
+        report::paused(context, wanted, std::mem::take(&mut self.released));
+        Ok(())
+    }
+
+    /// Gives a delivery that arrived while paused back to the broker
+    /// unhandled: `released` counts no attempt.
+    async fn release(
+        &mut self,
+        subscription: &Subscription,
+        received: Received,
+        handling: &Handling<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Result<(), BrokerError> {
+        let info = match received {
+            Received::Delivery(inbound) => inbound.info,
+            Received::Unhandled(Unread {
+                info: Some(info), ..
+            }) => info,
+            // Came settled: nothing to give back, so it is handled.
+            Received::Unhandled(unread) => {
+                handling.refuse(tasks, unread, None);
+                return Ok(());
+            }
+        };
+        subscription
+            .settle_all(vec![info], Disposition::Released, None)
+            .await?;
+        self.released += 1;
+        handling.context.spec.metrics.released_on_pause();
+        Ok(())
     }
 }
 

@@ -70,6 +70,26 @@ pub(super) fn attached(
     });
 }
 
+/// Tells that the mount's credit was withdrawn or given back: one line per
+/// change, not per delivery.
+pub(super) fn paused(context: &MountContext, paused: bool, released: u64) {
+    let spec = &context.spec;
+    spec.metrics.paused(paused);
+    if paused {
+        tracing::info!(
+            "mount paused: no credit on its link; handlers running finish, deliveries already on their way are released"
+        );
+    } else {
+        tracing::info!(released, "mount resumed");
+    }
+    let _ = spec.events.send(Event::MountPaused {
+        tenant: spec.tags.tenant.clone(),
+        mount: spec.tags.mount.clone(),
+        paused,
+        released,
+    });
+}
+
 /// How the mount's outputs are committed, for the attach log.
 fn outputs_path(context: &MountContext) -> &'static str {
     let grants = &context.spec.config.grants;

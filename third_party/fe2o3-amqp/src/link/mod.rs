@@ -1055,6 +1055,7 @@ pub(crate) mod test_util {
             available: 0,
             drain: false,
             properties: None,
+            granted_limit: None,
         }))
     }
 
@@ -1132,6 +1133,7 @@ mod tests {
             available: 0,
             drain: false,
             properties: None,
+            granted_limit: None,
         });
         let mut producer = Producer::new(notifier.clone(), Arc::new(state));
         let notified = notifier.notified();

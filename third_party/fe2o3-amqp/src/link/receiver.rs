@@ -761,7 +761,7 @@ impl ReceiverDisposer {
                     .into();
                 let delivery_count = {
                     let mut guard = self.flow_state.lock.write();
-                    guard.link_credit = max_credit;
+                    guard.grant(max_credit);
                     guard.drain = false;
                     guard.delivery_count
                 };

@@ -598,7 +598,7 @@ impl<T> ReceiverLink<T> {
         match (link_credit, drain) {
             (Some(link_credit), Some(drain)) => {
                 let mut guard = self.flow_state.lock.write();
-                guard.link_credit = link_credit;
+                guard.grant(link_credit);
                 guard.drain = drain;
 
                 let properties = if include_properties {
@@ -624,7 +624,7 @@ impl<T> ReceiverLink<T> {
             }
             (Some(link_credit), None) => {
                 let mut guard = self.flow_state.lock.write();
-                guard.link_credit = link_credit;
+                guard.grant(link_credit);
 
                 let properties = if include_properties {
                     guard.properties.clone()

@@ -1368,6 +1368,7 @@ mod tests {
             available: 0,
             drain: false,
             properties: None,
+            granted_limit: None,
         };
         let flow_state = Arc::new(LinkFlowState::sender(flow_state_inner));
         let consumer = Consumer::new(Arc::new(Notify::new()), flow_state);

@@ -59,9 +59,27 @@ pub(crate) struct LinkFlowStateInner {
     pub available: u32,
     pub drain: bool,
     pub properties: Option<Fields>,
+    /// Receiver: the highest delivery-count a flow it sent let the sender
+    /// reach (delivery-count plus link-credit). Kept when the credit is
+    /// lowered: transfers the sender sent before it saw the lower credit
+    /// are taken up to it, not refused.
+    pub granted_limit: Option<SequenceNo>,
 }
 
 impl LinkFlowStateInner {
+    /// Receiver: sets the link credit a flow is about to carry.
+    pub fn grant(&mut self, link_credit: u32) {
+        self.link_credit = link_credit;
+        let limit = self.delivery_count.wrapping_add(link_credit);
+        // Serial number arithmetic (RFC 1982): only ever raised.
+        let higher = self
+            .granted_limit
+            .is_none_or(|granted| (limit.wrapping_sub(granted) as i32) > 0);
+        if higher {
+            self.granted_limit = Some(limit);
+        }
+    }
+
     pub fn as_link_flow(
         &self,
         output_handle: OutputHandle,
@@ -271,7 +289,11 @@ impl LinkFlowState<role::ReceiverMarker> {
     /// not enough link credit
     pub fn consume(&self, count: u32) -> Result<(), ReceiverTransferError> {
         let mut state = self.lock.write();
-        if state.link_credit < count {
+        let reached = state.delivery_count.wrapping_add(count);
+        let granted = state
+            .granted_limit
+            .is_some_and(|limit| (limit.wrapping_sub(reached) as i32) >= 0);
+        if state.link_credit < count && !granted {
             Err(ReceiverTransferError::TransferLimitExceeded)
         } else {
             state.delivery_count = state.delivery_count.wrapping_add(count);
@@ -398,6 +420,7 @@ mod tests {
             available: 0,
             drain: false,
             properties: None,
+            granted_limit: None,
         };
         let flow_state = Arc::new(LinkFlowState::sender(flow_state_inner));
         let notifier = Arc::new(Notify::new());
