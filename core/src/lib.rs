@@ -15,6 +15,7 @@
 
 pub mod address;
 pub mod backoff;
+pub mod breaker;
 pub mod brokers;
 pub mod config;
 pub mod endpoint;

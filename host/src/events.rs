@@ -70,6 +70,15 @@ pub enum Event {
         /// back to it unhandled.
         released: u64,
     },
+    /// The mount's circuit breaker changed state.
+    Breaker {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The mount.
+        mount: Arc<str>,
+        /// `closed`, `open` or `half-open`.
+        state: &'static str,
+    },
     /// A delivery was settled without running the handler: it is not a
     /// readable message, or it is larger than the mount takes.
     Refused {

@@ -3,6 +3,7 @@
 
 use super::raw::*;
 use super::*;
+use crate::breaker::BreakerPolicy;
 use crate::endpoint::Endpoint;
 use crate::oci::ModuleReference;
 
@@ -718,6 +719,10 @@ impl Checker<'_> {
                 .map_or(OutputLimits::DEFAULT_MAX_OUTPUT_BYTES, Spanned::into_inner),
         };
         let grants = self.grants(here, raw.grants, outputs)?;
+        let breaker = match &raw.breaker {
+            Some(breaker) => Some(self.breaker(here, breaker)?),
+            None => None,
+        };
         Ok(Mount {
             name: raw.name.into_inner(),
             module,
@@ -757,6 +762,49 @@ impl Checker<'_> {
                 .max_keys
                 .map_or(Mount::DEFAULT_MAX_KEYS, Spanned::into_inner),
             paused: raw.paused,
+            breaker,
+        })
+    }
+
+    /// `[tenant.mount.breaker]`, its bounds checked.
+    fn breaker(&self, here: &str, raw: &Spanned<RawBreaker>) -> Result<BreakerPolicy, ConfigError> {
+        let here = format!("{here}, [breaker]");
+        let breaker = raw.get_ref();
+        if let Some(rate) = &breaker.failure_rate
+            && !(*rate.get_ref() > 0.0 && *rate.get_ref() <= 1.0)
+        {
+            return Err(self.invalid(
+                rate,
+                format!(
+                    "{here}: `failure_rate` must be above 0 and at most 1 (a share of attempts)"
+                ),
+            ));
+        }
+        self.positive(&here, "min_deliveries", &breaker.min_deliveries)?;
+        for (key, value) in [("window", &breaker.window), ("open_for", &breaker.open_for)] {
+            if let Some(value) = value
+                && *value.get_ref() < std::time::Duration::from_millis(100)
+            {
+                return Err(self.invalid(value, format!("{here}: `{key}` must be at least 100ms")));
+            }
+        }
+        Ok(BreakerPolicy {
+            failure_rate: breaker
+                .failure_rate
+                .as_ref()
+                .map_or(BreakerPolicy::DEFAULT_FAILURE_RATE, |r| *r.get_ref()),
+            min_deliveries: breaker
+                .min_deliveries
+                .as_ref()
+                .map_or(BreakerPolicy::DEFAULT_MIN_DELIVERIES, |m| *m.get_ref()),
+            window: breaker
+                .window
+                .as_ref()
+                .map_or(BreakerPolicy::DEFAULT_WINDOW, |w| *w.get_ref()),
+            open_for: breaker
+                .open_for
+                .as_ref()
+                .map_or(BreakerPolicy::DEFAULT_OPEN_FOR, |o| *o.get_ref()),
         })
     }
 

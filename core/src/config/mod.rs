@@ -649,6 +649,9 @@ pub struct Mount {
     /// admin listener. A reload applies it only when it changes, so an
     /// operator's pause or resume holds across reloads otherwise.
     pub paused: bool,
+    /// The circuit breaker that pauses the mount while too many attempts
+    /// fail; off without `[tenant.mount.breaker]`.
+    pub breaker: Option<crate::breaker::BreakerPolicy>,
 }
 
 /// How a mount's `retry` asks for another attempt, when the config says.

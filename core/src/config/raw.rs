@@ -111,6 +111,18 @@ pub(super) struct SendGrant {
     pub(super) patterns: Vec<String>,
 }
 
+/// `[tenant.mount.breaker]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBreaker {
+    pub(super) failure_rate: Option<Spanned<f64>>,
+    pub(super) min_deliveries: Option<Spanned<u32>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub(super) window: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub(super) open_for: Option<Spanned<Duration>>,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawGrants {
@@ -177,6 +189,7 @@ pub(super) struct RawMount {
     pub(super) max_keys: Option<Spanned<u32>>,
     #[serde(default)]
     pub(super) paused: bool,
+    pub(super) breaker: Option<Spanned<RawBreaker>>,
     pub(super) max_outputs: Option<Spanned<u32>>,
     #[serde(default, deserialize_with = "optional_size")]
     pub(super) max_output_bytes: Option<Spanned<u64>>,

@@ -957,6 +957,48 @@ fn ordered_mounts_refuse_what_cannot_hold_a_key() {
     assert!(e.contains("max_keys"), "{e}");
 }
 
+#[test]
+fn a_breaker_reads_its_bounds_and_refuses_nonsense() {
+    let config = parse(&format!(
+        "{GOOD}[tenant.mount.breaker]\nfailure_rate = 0.25\nwindow = \"10s\"\n"
+    ))
+    .expect("valid config");
+    let (_, mount) = config.mounts().next().expect("one mount");
+    assert_eq!(
+        mount.breaker,
+        Some(crate::breaker::BreakerPolicy {
+            failure_rate: 0.25,
+            min_deliveries: crate::breaker::BreakerPolicy::DEFAULT_MIN_DELIVERIES,
+            window: std::time::Duration::from_secs(10),
+            open_for: crate::breaker::BreakerPolicy::DEFAULT_OPEN_FOR,
+        })
+    );
+    let (_, mount) = parse(GOOD)
+        .expect("valid")
+        .mounts()
+        .next()
+        .map(|(t, m)| (t.clone(), m.clone()))
+        .expect("one");
+    assert_eq!(mount.breaker, None, "off unless configured");
+    let e = error(&format!(
+        "{GOOD}[tenant.mount.breaker]\nfailure_rate = 1.5\n"
+    ));
+    assert!(
+        e.contains("line 21") && e.contains("`failure_rate` must be above 0 and at most 1"),
+        "{e}"
+    );
+    let e = error(&format!(
+        "{GOOD}[tenant.mount.breaker]\nmin_deliveries = 0\n"
+    ));
+    assert!(e.contains("`min_deliveries` must be at least 1"), "{e}");
+    let e = error(&format!(
+        "{GOOD}[tenant.mount.breaker]\nopen_for = \"1ms\"\n"
+    ));
+    assert!(e.contains("`open_for` must be at least 100ms"), "{e}");
+    let e = error(&format!("{GOOD}[tenant.mount.breaker]\nthreshold = 3\n"));
+    assert!(e.contains("threshold"), "{e}");
+}
+
 /// The same broker as `amqp://127.0.0.1`, spelt otherwise: the default
 /// port written out, another user, the host in capitals, a cluster listing
 /// it among other nodes.

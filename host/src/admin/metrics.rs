@@ -76,6 +76,7 @@ pub struct Metrics {
     mounts_running: Gauge,
     links_up: Family<MountLabels, Gauge>,
     paused: Family<MountLabels, Gauge>,
+    breaker: Family<MountLabels, Gauge>,
     released_on_pause: Family<MountLabels, Counter>,
     link_failures: Family<MountLabels, Counter>,
     abandoned: Family<MountLabels, Counter>,
@@ -214,6 +215,11 @@ impl Metrics {
             "mount_paused",
             "1 while the mount is paused (its link has no credit), 0 while it runs",
         );
+        let breaker = registered(
+            &mut registry,
+            "breaker_state",
+            "The mount's circuit breaker: 0 closed (or none), 1 open, 2 half-open",
+        );
         let released_on_pause = registered(
             &mut registry,
             "deliveries_released_on_pause",
@@ -275,6 +281,7 @@ impl Metrics {
             mounts_running,
             links_up,
             paused,
+            breaker,
             released_on_pause,
             link_failures,
             abandoned,
@@ -481,6 +488,17 @@ impl MountMetrics {
             .paused
             .get_or_create(&self.labels)
             .set(i64::from(paused));
+    }
+
+    /// The mount's circuit breaker is in `state`.
+    pub fn breaker(&self, state: wharf_core::breaker::BreakerState) {
+        use wharf_core::breaker::BreakerState;
+        let value = match state {
+            BreakerState::Closed => 0,
+            BreakerState::Open { .. } => 1,
+            BreakerState::HalfOpen => 2,
+        };
+        self.metrics.breaker.get_or_create(&self.labels).set(value);
     }
 
     /// A delivery that arrived while the mount was paused was released.

@@ -264,11 +264,13 @@ impl Subscription {
         self.set_credit(0).await
     }
 
-    /// Gives the link its credit again (a resume).
-    pub async fn restore_credit(&mut self) -> Result<(), BrokerError> {
-        self.renews_presettled = self.presettled;
+    /// Gives the link its credit again (a resume), or `only_one`
+    /// delivery's worth (a circuit breaker trying one).
+    pub async fn restore_credit(&mut self, only_one: bool) -> Result<(), BrokerError> {
+        self.renews_presettled = self.presettled && !only_one;
         self.since_renewed = 0;
-        self.set_credit(self.credit).await
+        self.set_credit(if only_one { 1 } else { self.credit })
+            .await
     }
 
     async fn set_credit(&mut self, credit: u32) -> Result<(), BrokerError> {

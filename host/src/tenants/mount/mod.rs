@@ -9,6 +9,7 @@
 //! - [`settle`]: carrying out a plan on the link.
 
 mod attach;
+mod breaker;
 mod context;
 mod deliver;
 mod order;
@@ -121,6 +122,8 @@ pub(crate) struct MountSpec {
     pub(crate) retry_key: Option<RetryKey>,
     /// On while an operator (or the config) has the mount paused.
     pub(crate) paused: watch::Receiver<bool>,
+    /// The circuit breaker, if the mount has one.
+    pub(crate) breaker: Option<breaker::MountBreaker>,
     /// The queue behind the address, once asked: `Some(None)` when the
     /// broker has no such queue.
     queue: Mutex<Option<Option<QueueInfo>>>,
@@ -202,6 +205,7 @@ impl MountSpec {
             })),
             span: report::mount_span(&tags),
             tags,
+            breaker: config.breaker.map(breaker::MountBreaker::new),
             config,
             broker,
             module,

@@ -23,6 +23,7 @@ use super::settle::{self, Arrived, NotSettled, SettleRequest, Settler};
 use super::{deliver, report};
 use crate::broker::{BrokerError, Inbound, Received, Subscription, Unread};
 use crate::tenants::budget::Room;
+use wharf_core::breaker::BreakerState;
 use wharf_core::config::Settle;
 use wharf_core::message;
 use wharf_core::settlement::{self, Counters, Disposition};
@@ -142,6 +143,7 @@ async fn receive(
     // most once, what arrives came settled and waits in the link's buffer
     // for the resume (or the stop, which handles it).
     let releases = handling.context.spec.config.settle != Settle::AtMostOnce;
+    let breaker = handling.context.spec.breaker.as_ref();
     loop {
         // The common case needs no wait: the slots are free.
         if slots_ahead && intake.handler_slot.is_none() {
@@ -151,7 +153,8 @@ async fn receive(
             intake.unsettled_slot = unsettled.clone().try_acquire_owned().ok();
         }
         let keys_full = turns.is_some_and(Turns::full);
-        let ready = !pause.paused
+        let (holding, open_until) = (pause.holding(), pause.open_until);
+        let ready = !holding
             && (intake.handler_slot.is_some() || !slots_ahead)
             && !keys_full
             && intake.unsettled_slot.is_some()
@@ -174,6 +177,14 @@ async fn receive(
                     return Some(e);
                 }
             }
+            () = async { breaker.expect("guarded").changed().await }, if breaker.is_some() => {
+                if let Err(e) = pause.follow(subscription, handling.context).await {
+                    return Some(e);
+                }
+            }
+            () = async move { tokio::time::sleep_until(open_until.expect("guarded")).await }, if open_until.is_some() => {
+                handling.context.spec.breaker_tick();
+            }
             () = async { turns.expect("guarded").freed().await }, if keys_full => {}
             permit = handlers.clone().acquire_owned(), if slots_ahead && intake.handler_slot.is_none() => {
                 intake.handler_slot = permit.ok();
@@ -185,13 +196,14 @@ async fn receive(
                 intake.admitting = None;
                 handling.start(tasks, inbound, intake.handler_slot.take(), room);
             }
-            received = subscription.recv(), if ready || (pause.paused && releases) => match received {
-                Ok(received) if pause.paused => {
+            received = subscription.recv(), if ready || (holding && releases) => match received {
+                Ok(received) if holding => {
                     if let Err(e) = pause.release(subscription, received, handling, tasks).await {
                         return Some(e);
                     }
                 }
                 Ok(Received::Delivery(inbound)) => {
+                    pause.took();
                     let unsettled = intake.unsettled_slot.take().expect("guarded");
                     intake.admitting = Some(admit(&handling.context.spec, inbound, unsettled));
                 }
@@ -204,15 +216,34 @@ async fn receive(
     }
 }
 
-/// Where the mount's pause switch stands, as the receive loop follows it.
+/// How much the link is let in: what the pause switch and the circuit
+/// breaker together ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkCredit {
+    /// The mount's credit.
+    Full,
+    /// None: paused, or the breaker is open.
+    Withheld,
+    /// The breaker is half-open: one delivery, to try.
+    One,
+}
+
+/// The mount's pause switch and circuit breaker, as the receive loop
+/// follows them.
 struct Pause {
     switch: tokio::sync::watch::Receiver<bool>,
     /// False once the switch is gone (the mount left the config and is
     /// stopping).
     watching: bool,
-    /// The link's credit is withdrawn.
-    paused: bool,
-    /// Deliveries released since the pause began.
+    /// The switch as last followed.
+    switched: bool,
+    /// What the link is given now.
+    credit: LinkCredit,
+    /// Half-open, the delivery let through has been taken.
+    probe_taken: bool,
+    /// When an open breaker lets one through.
+    open_until: Option<Instant>,
+    /// Deliveries released since the switch paused the mount.
     released: u64,
 }
 
@@ -221,36 +252,74 @@ impl Pause {
     /// the switch was on then.
     fn new(context: &MountContext) -> Pause {
         let switch = context.spec.paused.clone();
-        let paused = *switch.borrow();
+        let switched = *switch.borrow();
         Pause {
             switch,
             watching: true,
-            paused,
+            switched,
+            credit: if switched {
+                LinkCredit::Withheld
+            } else {
+                LinkCredit::Full
+            },
+            probe_taken: false,
+            open_until: None,
             released: 0,
         }
     }
 
-    /// Withdraws or restores the link's credit if the switch moved.
+    /// No delivery is to be handled now: the ones that arrive go back.
+    fn holding(&self) -> bool {
+        match self.credit {
+            LinkCredit::Full => false,
+            LinkCredit::Withheld => true,
+            LinkCredit::One => self.probe_taken,
+        }
+    }
+
+    /// A delivery was taken to be handled.
+    fn took(&mut self) {
+        if self.credit == LinkCredit::One {
+            self.probe_taken = true;
+        }
+    }
+
+    /// Gives the link the credit the switch and the breaker ask for now.
     async fn follow(
         &mut self,
         subscription: &mut Subscription,
         context: &MountContext,
     ) -> Result<(), BrokerError> {
-        let wanted = *self.switch.borrow_and_update();
-        if wanted == self.paused {
-            return Ok(());
+        let spec = &context.spec;
+        let switched = *self.switch.borrow_and_update();
+        let breaker = spec.breaker.as_ref().map(|breaker| breaker.state());
+        self.open_until = match breaker {
+            Some(BreakerState::Open { until }) => Some(until.into()),
+            _ => None,
+        };
+        let credit = match breaker {
+            _ if switched => LinkCredit::Withheld,
+            Some(BreakerState::Open { .. }) => LinkCredit::Withheld,
+            Some(BreakerState::HalfOpen) => LinkCredit::One,
+            Some(BreakerState::Closed) | None => LinkCredit::Full,
+        };
+        if credit != self.credit {
+            match credit {
+                LinkCredit::Withheld => subscription.withdraw_credit().await?,
+                LinkCredit::Full => subscription.restore_credit(false).await?,
+                LinkCredit::One => subscription.restore_credit(true).await?,
+            }
+            self.credit = credit;
+            self.probe_taken = false;
         }
-        if wanted {
-            subscription.withdraw_credit().await?;
-        } else {
-            subscription.restore_credit().await?;
+        if switched != self.switched {
+            self.switched = switched;
+            report::paused(context, switched, std::mem::take(&mut self.released));
         }
-        self.paused = wanted;
-        report::paused(context, wanted, std::mem::take(&mut self.released));
         Ok(())
     }
 
-    /// Gives a delivery that arrived while paused back to the broker
+    /// Gives a delivery that arrived while holding back to the broker
     /// unhandled: `released` counts no attempt.
     async fn release(
         &mut self,

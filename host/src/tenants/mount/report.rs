@@ -117,6 +117,9 @@ pub(super) struct DeliveryReport {
     /// The exported span of this attempt, when spans are exported.
     process: Option<Span>,
     module_version: Option<Arc<str>>,
+    /// The circuit breaker's epoch when the handler started, if the mount
+    /// has a breaker: the attempt counts there.
+    breaker_epoch: Option<u64>,
 }
 
 impl DeliveryReport {
@@ -197,6 +200,7 @@ impl DeliveryReport {
             counters,
             process,
             module_version: None,
+            breaker_epoch: None,
         };
         (report, trace, span)
     }
@@ -205,6 +209,7 @@ impl DeliveryReport {
     pub(super) fn started(&mut self, module: &Module) {
         let spec = &self.context.spec;
         self.module_version = Some(module.version().clone());
+        self.breaker_epoch = spec.breaker.as_ref().map(|breaker| breaker.epoch());
         let _ = spec.events.send(Event::Started {
             tenant: spec.tags.tenant.clone(),
             mount: spec.tags.mount.clone(),
@@ -296,6 +301,8 @@ impl DeliveryReport {
             }
         }
         spec.metrics.handled(outcome, disposition, took);
+        let failed =
+            instead.is_some() || matches!(outcome, Outcome::Retry | Outcome::RetryAfter(_));
         // The last attempt's report gives its parts away; one run again in
         // place keeps them for the next.
         let last = instead.unwrap_or(plan).runs_again().is_none();
@@ -345,6 +352,10 @@ impl DeliveryReport {
             disposition,
             error,
         }));
+        // Told after the attempt itself: a transition it causes follows it.
+        if let Some(epoch) = self.breaker_epoch.take() {
+            spec.attempt_ended(epoch, failed);
+        }
     }
 }
 
