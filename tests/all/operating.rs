@@ -153,9 +153,10 @@ async fn pause_and_resume_under_a_backlog(
         tally_until(&mut host, &mut tally, |_| Some(())).await?;
     }
 
-    let asked = std::time::Instant::now();
     let printed = switch(&host, &token, "pause", &["--tenant", "t", "--mount", "m"]).await?;
     assert_eq!(printed.trim(), "paused in tenant `t`: m");
+    // From the host's answer: the switch is on.
+    let asked = std::time::Instant::now();
     tally_until(&mut host, &mut tally, |e| {
         matches!(e, Event::MountPaused { paused: true, .. }).then_some(())
     })
@@ -516,7 +517,13 @@ async fn a_breaker_holds_a_backlog_while_the_downstream_is_down() -> anyhow::Res
         "breaker: {SENT} sent; opened after {failed_to_open} failed attempts, {failed_while_down} failed while the downstream was down, {probes} probes (the last one closing it); {} acked, {} failed attempts in all, {first_try} messages handled on their first attempt, {dead_letters} dead letters",
         tally.acked, tally.failed
     );
-    assert_eq!(failed_to_open, MIN_DELIVERIES as usize);
+    // The attempt that tripped it is told before the breaker opens; one
+    // already running may be told in between, on another thread.
+    let min = MIN_DELIVERIES as usize;
+    assert!(
+        (min..=min + 1).contains(&failed_to_open),
+        "opened after {failed_to_open} failed attempts"
+    );
     // Past the attempts that opened it and the failed probes, only the
     // deliveries already running or taken as it opened: with
     // `concurrency = 1`, one handler and one delivery waiting for it.

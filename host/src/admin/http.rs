@@ -436,25 +436,21 @@ impl Admin {
             return unauthorized();
         }
         let segments: Vec<&str> = request.path.split('/').skip(1).collect();
-        let (tenant, mount, action) = match segments.as_slice() {
-            ["tenants", tenant, action] => (*tenant, None, *action),
-            ["tenants", tenant, "mounts", mount, action] => (*tenant, Some(*mount), *action),
-            _ => {
-                return json(
-                    "404 Not Found",
-                    &serde_json::json!({ "error": "not found" }),
-                );
-            }
+        let target = match segments.as_slice() {
+            ["tenants", tenant, action] => Some((*tenant, None, *action)),
+            ["tenants", tenant, "mounts", mount, action] => Some((*tenant, Some(*mount), *action)),
+            _ => None,
         };
-        let paused = match action {
-            "pause" => true,
-            "resume" => false,
-            _ => {
-                return json(
-                    "404 Not Found",
-                    &serde_json::json!({ "error": "not found" }),
-                );
-            }
+        let switch = target.and_then(|(tenant, mount, action)| match action {
+            "pause" => Some((tenant, mount, true)),
+            "resume" => Some((tenant, mount, false)),
+            _ => None,
+        });
+        let Some((tenant, mount, paused)) = switch else {
+            return json(
+                "404 Not Found",
+                &serde_json::json!({ "error": "not found" }),
+            );
         };
         match self.pauses.set(tenant, mount, paused) {
             Ok(mounts) => {

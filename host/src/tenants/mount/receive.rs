@@ -135,8 +135,8 @@ async fn receive(
     // Made once: a cancellation future registers itself when polled.
     let stopped = stop.cancelled();
     tokio::pin!(stopped, sender_failed);
-    let mut pause = Pause::new(handling.context);
-    if let Err(e) = pause.follow(subscription, handling.context).await {
+    let mut gate = Gate::new(handling.context);
+    if let Err(e) = gate.follow(subscription, handling.context).await {
         return Some(e);
     }
     // Unsettled deliveries that arrive while paused go straight back; at
@@ -153,7 +153,7 @@ async fn receive(
             intake.unsettled_slot = unsettled.clone().try_acquire_owned().ok();
         }
         let keys_full = turns.is_some_and(Turns::full);
-        let (holding, open_until) = (pause.holding(), pause.open_until);
+        let (holding, open_until) = (gate.holding(), gate.open_until);
         let ready = !holding
             && (intake.handler_slot.is_some() || !slots_ahead)
             && !keys_full
@@ -171,14 +171,14 @@ async fn receive(
                     handling.context.spec.metrics.keys(&turns.now());
                 }
             }
-            changed = pause.switch.changed(), if pause.watching => {
-                pause.watching = changed.is_ok();
-                if let Err(e) = pause.follow(subscription, handling.context).await {
+            changed = gate.switch.changed(), if gate.watching => {
+                gate.watching = changed.is_ok();
+                if let Err(e) = gate.follow(subscription, handling.context).await {
                     return Some(e);
                 }
             }
             () = async { breaker.expect("guarded").changed().await }, if breaker.is_some() => {
-                if let Err(e) = pause.follow(subscription, handling.context).await {
+                if let Err(e) = gate.follow(subscription, handling.context).await {
                     return Some(e);
                 }
             }
@@ -198,12 +198,12 @@ async fn receive(
             }
             received = subscription.recv(), if ready || (holding && releases) => match received {
                 Ok(received) if holding => {
-                    if let Err(e) = pause.release(subscription, received, handling, tasks).await {
+                    if let Err(e) = gate.release(subscription, received, handling, tasks).await {
                         return Some(e);
                     }
                 }
                 Ok(Received::Delivery(inbound)) => {
-                    pause.took();
+                    gate.took();
                     let unsettled = intake.unsettled_slot.take().expect("guarded");
                     intake.admitting = Some(admit(&handling.context.spec, inbound, unsettled));
                 }
@@ -230,7 +230,7 @@ enum LinkCredit {
 
 /// The mount's pause switch and circuit breaker, as the receive loop
 /// follows them.
-struct Pause {
+struct Gate {
     switch: tokio::sync::watch::Receiver<bool>,
     /// False once the switch is gone (the mount left the config and is
     /// stopping).
@@ -247,13 +247,13 @@ struct Pause {
     released: u64,
 }
 
-impl Pause {
+impl Gate {
     /// Starts as the link was attached: with its credit, or without it if
     /// the switch was on then.
-    fn new(context: &MountContext) -> Pause {
+    fn new(context: &MountContext) -> Gate {
         let switch = context.spec.paused.clone();
         let switched = *switch.borrow();
-        Pause {
+        Gate {
             switch,
             watching: true,
             switched,
