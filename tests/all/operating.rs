@@ -153,20 +153,21 @@ async fn pause_and_resume_under_a_backlog(
         tally_until(&mut host, &mut tally, |_| Some(())).await?;
     }
 
+    let asked = std::time::Instant::now();
     let printed = switch(&host, &token, "pause", &["--tenant", "t", "--mount", "m"]).await?;
     assert_eq!(printed.trim(), "paused in tenant `t`: m");
-    // From the host's answer: the switch is on.
-    let asked = std::time::Instant::now();
     tally_until(&mut host, &mut tally, |e| {
         matches!(e, Event::MountPaused { paused: true, .. }).then_some(())
     })
     .await?;
+    // The command's own start counts too: the host takes a flow frame's
+    // time, the bound allows for a loaded machine starting a process.
     let took = asked.elapsed();
-    let at_pause = tally.count();
     assert!(
-        took < std::time::Duration::from_secs(1),
+        took < std::time::Duration::from_secs(5),
         "paused after {took:?}"
     );
+    let (at_pause, started_at_pause) = (tally.count(), tally.started);
 
     // The queue is free for anyone else: what wharf was sent came back
     // uncounted, and nothing holds it.
@@ -188,17 +189,19 @@ async fn pause_and_resume_under_a_backlog(
         metrics.contains(r#"wharf_mount_paused{tenant="t",mount="m"} 1"#),
         "{metrics}"
     );
-    // Whatever was running has finished by now; nothing new started.
-    // Running as it took effect: a handler per slot, as many more whose
-    // call had returned (its slot given on) but that were still being
-    // settled, and one delivery being admitted.
+    // Whatever was running has finished by now, and nothing new started:
+    // a delivery is taken off the link only with a handler slot, which it
+    // holds until its handler has started, so at most one per slot was
+    // taken before the pause and started after it. (More may finish after
+    // it: a slot is given on once the call returns, before settling.)
     while tally.started > tally.count() {
         tally_until(&mut host, &mut tally, |_| Some(())).await?;
     }
     let after_pause = tally.count() - at_pause;
+    let started_after = tally.started - started_at_pause;
     assert!(
-        after_pause <= 2 * CONCURRENCY + 1,
-        "{after_pause} deliveries handled after the pause took effect"
+        started_after <= CONCURRENCY,
+        "{started_after} handlers started after the pause took effect"
     );
 
     let printed = switch(&host, &token, "resume", &["--tenant", "t"]).await?;
@@ -229,7 +232,7 @@ async fn pause_and_resume_under_a_backlog(
         .filter(|(_, attempts)| attempts.iter().any(|a| *a != 1))
         .collect();
     println!(
-        "{label}: sent {SENT}; paused in {took:?} after {at_pause} handled, {after_pause} more finished, {released} released; resumed: handled {}, duplicated {duplicated}, lost {}",
+        "{label}: sent {SENT}; paused in {took:?} after {at_pause} handled, {started_after} started and {after_pause} finished after it, {released} released; resumed: handled {}, duplicated {duplicated}, lost {}",
         tally.handled.len(),
         SENT - tally.handled.len()
     );
