@@ -330,8 +330,16 @@ async fn a_pause_holds_across_reloads_and_needs_the_token() -> anyhow::Result<()
         body.contains(r#"{"tenant":"t","mount":"a","paused":true}"#),
         "{body}"
     );
-    // Started paused: the message waits on the queue, taken by nobody.
+    // Started paused: the message waits on the queue, taken by nobody,
+    // and the pause is told as an operator's would be.
     assert_eq!(client.artemis_count(&a).await?, 1);
+    host.next(|e| matches!(e, Event::MountPaused { paused: true, .. }).then_some(()))
+        .await?;
+    let (_, metrics) = admin(&host, "GET", "/metrics", Some(&token)).await?;
+    assert!(
+        metrics.contains(r#"wharf_mount_paused{tenant="t",mount="a"} 1"#),
+        "{metrics}"
+    );
 
     let (status, body) = admin(&host, "POST", "/tenants/t/mounts/a/resume", Some(&token)).await?;
     assert!(

@@ -101,6 +101,8 @@ pub struct Subscription {
     modified_supported: bool,
     /// The credit the link is given while it runs.
     credit: u32,
+    /// It was attached without credit (the mount was paused then).
+    attached_without_credit: bool,
     /// Deliveries arrive settled (at most once).
     presettled: bool,
     /// At most once, the host renews the credit itself: fe2o3 renews it as
@@ -174,10 +176,17 @@ impl Subscription {
             durable,
             modified_supported,
             credit: options.credit,
+            attached_without_credit: options.paused,
             presettled: options.settle == Settle::AtMostOnce,
             renews_presettled: options.settle == Settle::AtMostOnce && !options.paused,
             since_renewed: 0,
         })
+    }
+
+    /// Whether the link was attached without credit: what its receive
+    /// loop starts from, whatever the pause switch says by then.
+    pub fn attached_without_credit(&self) -> bool {
+        self.attached_without_credit
     }
 
     /// Whether the broker takes `modified` on this link.

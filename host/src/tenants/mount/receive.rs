@@ -135,7 +135,7 @@ async fn receive(
     // Made once: a cancellation future registers itself when polled.
     let stopped = stop.cancelled();
     tokio::pin!(stopped, sender_failed);
-    let mut gate = Gate::new(handling.context);
+    let mut gate = Gate::new(handling.context, subscription);
     if let Err(e) = gate.follow(subscription, handling.context).await {
         return Some(e);
     }
@@ -248,16 +248,15 @@ struct Gate {
 }
 
 impl Gate {
-    /// Starts as the link was attached: with its credit, or without it if
-    /// the switch was on then.
-    fn new(context: &MountContext) -> Gate {
-        let switch = context.spec.paused.clone();
-        let switched = *switch.borrow();
+    /// Starts from the credit the link was attached with, and from the
+    /// switch off: if it is on, the first [`Gate::follow`] tells this
+    /// link's pause (its line, metric and event).
+    fn new(context: &MountContext, subscription: &Subscription) -> Gate {
         Gate {
-            switch,
+            switch: context.spec.paused.clone(),
             watching: true,
-            switched,
-            credit: if switched {
+            switched: false,
+            credit: if subscription.attached_without_credit() {
                 LinkCredit::Withheld
             } else {
                 LinkCredit::Full
