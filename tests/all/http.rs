@@ -91,15 +91,9 @@ impl Server {
 
 /// Reads one request from `socket` into `seen` and answers it.
 async fn answer(mut socket: impl AsyncRead + AsyncWrite + Unpin, seen: &Mutex<Vec<Vec<String>>>) {
-    let mut head = Vec::new();
-    let mut buf = [0; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match socket.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
+    let Some(head) = crate::read_request_head(&mut socket).await else {
+        return;
+    };
     let lines: Vec<String> = head
         .lines()
         .take_while(|l| !l.is_empty())
@@ -111,7 +105,7 @@ async fn answer(mut socket: impl AsyncRead + AsyncWrite + Unpin, seen: &Mutex<Ve
     let (status, text) = match path {
         "/slow" => {
             // Holds the connection open, answering nothing.
-            let _ = socket.read(&mut buf).await;
+            let _ = socket.read(&mut [0; 1]).await;
             return;
         }
         "/prices/A-1" => ("200 OK", "9.50"),

@@ -415,16 +415,11 @@ impl Downstream {
         let listener = socket.listen(64)?;
         let port = listener.local_addr()?.port();
         let serving = tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            use tokio::io::AsyncWriteExt as _;
             while let Ok((mut socket, _)) = listener.accept().await {
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match socket.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
+                    if crate::read_request_head(&mut socket).await.is_none() {
+                        return;
                     }
                     let answer =
                         "HTTP/1.1 200 OK\r\ncontent-length: 1\r\nconnection: close\r\n\r\nx";

@@ -134,6 +134,21 @@ pub async fn wait_for_count(
     }
 }
 
+/// The head of the HTTP request `socket` carries, as text, once it has all
+/// arrived; `None` if the client leaves first.
+pub async fn read_request_head(socket: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut head = Vec::new();
+    let mut buf = [0; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match socket.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
 /// One HTTP/1.0 request to `address` (`host:port`) with `headers` and
 /// `body` (its `Content-Length` added but to a bodiless `GET`); the whole
 /// answer as text, once the server closes.
